@@ -1,0 +1,5 @@
+import sys
+
+from mmrl.cli import main
+
+sys.exit(main())

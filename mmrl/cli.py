@@ -1,0 +1,79 @@
+"""`mmrl` command line: `mmrl train CONFIG [key=value ...]`, `mmrl rewards ...`.
+
+User errors (bad config, missing files, a broken reward) print one paragraph and exit
+with code 2 (configuration) or 1 (training stopped); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+EXIT_CONFIG, EXIT_TRAINING = 2, 1
+
+
+def _train(args) -> int:
+    from mmrl.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        return _fail(f"configuration error: {e}", EXIT_CONFIG)
+    from mmrl.trainer import train
+    from mmrl.update import NonFiniteError
+    from rewards.scorer import RewardError
+
+    try:
+        run_dir = train(cfg)
+    except ConfigError as e:
+        return _fail(f"configuration error: {e}", EXIT_CONFIG)
+    except (RewardError, NonFiniteError) as e:
+        return _fail(f"training stopped: {e}", EXIT_TRAINING)
+    except KeyboardInterrupt:
+        return _fail("interrupted; the last checkpoint is intact (resume with resume=auto)", 130)
+    print(f"mmrl: done; run directory {run_dir}")
+    return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"mmrl: {message}", file=sys.stderr)
+    return code
+
+
+def parser() -> argparse.ArgumentParser:
+    from mmrl.config import describe_sections
+
+    p = argparse.ArgumentParser(prog="mmrl", description="Reinforcement learning for multimodal models.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    t = sub.add_parser("train", help="train a policy from a YAML config",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Train from CONFIG, overriding any key with dotted key=value pairs, e.g.\n"
+                                   "  mmrl train configs/tiny/bandit.yaml max_steps=20 optim.lr=0.1\n\n"
+                                   "Config sections and their defaults (README: config reference):\n"
+                                   + describe_sections()
+                                   + "\n  policy: name plus the adapter's own keys (bandit, vlm, diffusion)")
+    t.add_argument("config", help="YAML file")
+    t.add_argument("overrides", nargs="*", metavar="key=value")
+    t.set_defaults(func=_train)
+    try:
+        from rewards.cli import add_commands
+    except ImportError:
+        add_commands = None
+    if add_commands:
+        add_commands(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    p = parser()
+    args = p.parse_args(argv)
+    if not getattr(args, "func", None):
+        p.print_help()
+        return EXIT_CONFIG
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Typed run configuration: frozen dataclasses, a YAML file, dotted `key=value` overrides.
+
+Every field is documented once, here. Unknown keys and wrong types are errors that name
+the key and list the valid ones. The `policy` section is validated against the `Config`
+dataclass of the adapter named by `policy.name` (see `mmrl.policies`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration (the CLI prints it and exits with code 2)."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = ""                       # .jsonl / .json / .parquet file, or 'module:function' returning records
+    train_kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of a 'module:function' source
+    eval: Optional[str] = None            # held-out prompts, same forms as `train`; None = no evaluation
+    eval_kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    prompts_per_step: int = 8             # prompts per step across all processes (P)
+    group_size: int = 8                   # samples per prompt (G); N = P * G samples per step
+    update_epochs: int = 1                # passes over each step's samples
+    samples_per_microbatch: int = 8       # samples in one forward/backward
+    grad_accum_steps: int = 0             # microbatches per optimizer step; 0 = the whole step's batch
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0            # clip the global grad norm; <= 0 disables clipping
+    warmup_steps: int = 0                 # linear warm-up, in optimizer steps
+    schedule: str = "constant"            # constant | linear | cosine (decay over the run's optimizer steps)
+    max_nonfinite_in_a_row: int = 3       # NaN/inf loss or grads: skip the step; stop after this many in a row
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    advantage: str = "grpo"               # grpo | dr_grpo | rloo | reinforce_pp | grpo_batch_std
+    adv_eps: float = 1e-6                 # added to the std in the denominator
+    adv_clip: Optional[float] = None      # clamp advantages to [-c, c] (Flow-GRPO uses 5)
+    reward_combine: str = "reward_sum"    # reward_sum (weighted sum, one advantage) | advantage_sum (per reward)
+    clip_low: float = 0.2                 # eps_low of the ratio clip
+    clip_high: float = 0.2                # eps_high (DAPO clip-higher: 0.28)
+    dual_clip: Optional[float] = None     # dual-clip constant c for A < 0 (typically 3)
+    ratio_level: str = "token"            # token | sequence (GSPO)
+    aggregation: str = "token-mean"       # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    max_len_norm: Optional[int] = None    # constant of seq-mean-token-sum-norm; None = T of the batch
+    kl_beta: float = 0.0                  # KL coefficient; 0 runs no reference forward at all
+    kl_estimator: str = "k3"              # k1 | k2 | k3 (ignored where the adapter computes an exact KL)
+    entropy_coef: float = 0.0             # entropy bonus (needs an adapter that computes entropies)
+    filter: str = "none"                  # none | dynamic (DAPO) | starpo (keep the highest-spread groups)
+    filter_keep_frac: float = 0.5         # starpo: fraction of groups kept
+    max_resample_rounds: int = 3          # dynamic: extra rollout rounds to fill the step
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 0                        # evaluate every K steps (0 = never); also at step 0 and the end when > 0
+    max_prompts: int = 64                 # held-out prompts used per evaluation
+    prompts_per_batch: int = 16
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 0                        # save every K steps (0 = only at the end)
+    keep_last: int = 2                    # complete checkpoints kept on disk
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    progress: bool = True                 # progress bar with step, reward and time
+    tensorboard: bool = False             # needs the `tensorboard` extra
+    wandb: bool = False                   # needs the `wandb` extra
+    wandb_project: str = "mmrl"
+    save_samples_every: int = 0           # write samples/step_XXXXXX.jsonl every K steps (0 = never)
+
+
+@dataclass(frozen=True)
+class Config:
+    output_dir: str = "runs/default"      # run directory: config.yaml, metrics.jsonl, checkpoints/, samples/
+    seed: int = 0
+    max_steps: int = 100                  # training steps (one rollout and its updates each)
+    resume: Optional[str] = None          # None | auto (latest complete checkpoint in output_dir) | a checkpoint path
+    precision: str = "fp32"               # fp32 | bf16 | fp16 (autocast on GPU; step math stays fp32)
+    cpu: bool = False                     # force CPU even where a GPU is present
+    policy: Any = None                    # the adapter's section: `name` plus its own fields
+    rewards: List[Any] = field(default_factory=list)  # [{name, weight, label, timeout_s, max_fail_frac, **kwargs}]
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def _schema_at(schema: type, dotted: str) -> tuple[str, list[str]]:
+    """The section path and valid keys of the dataclass that holds `dotted`."""
+    cls, path = schema, []
+    for part in dotted.split(".")[:-1]:
+        f = {f.name: f for f in dataclasses.fields(cls)}.get(part)
+        sub = f.default_factory if f else None
+        if not (isinstance(sub, type) and dataclasses.is_dataclass(sub)):
+            break
+        cls, path = sub, path + [part]
+    return ".".join(path) or "top level", [f.name for f in dataclasses.fields(cls)]
+
+
+def _explain(err: OmegaConfBaseException, schema: type, prefix: str = "") -> ConfigError:
+    key = prefix + (getattr(err, "full_key", None) or "")
+    first = str(err).splitlines()[0]
+    if isinstance(err, ConfigKeyError):
+        where, keys = _schema_at(schema, getattr(err, "full_key", "") or "")
+        return ConfigError(f"unknown config key '{key}'. Valid keys in {prefix + where if prefix else where}: "
+                           f"{', '.join(keys)}")
+    if isinstance(err, ValidationError):
+        return ConfigError(f"config key '{key}' has the wrong type: {first}")
+    return ConfigError(f"invalid config{f' at {key!r}' if key else ''}: {first}")
+
+
+def _merge(schema: type, *layers, prefix: str = ""):
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), *layers)
+    except OmegaConfBaseException as e:
+        raise _explain(e, schema, prefix) from None
+
+
+def _read_yaml(path: str):
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    try:
+        node = OmegaConf.load(path)
+    except Exception as e:  # yaml errors carry line numbers
+        raise ConfigError(f"cannot parse config file {path!r}: {e}") from None
+    if not OmegaConf.is_dict(node):
+        raise ConfigError(f"config file {path!r} must hold a mapping of sections, got {type(node).__name__}")
+    return node
+
+
+def _parse_overrides(overrides: list[str]):
+    for o in overrides:
+        if "=" not in o or o.startswith("="):
+            raise ConfigError(f"override {o!r} must look like key=value (dotted keys, e.g. optim.lr=1e-5)")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"cannot parse overrides {overrides}: {e}") from None
+
+
+def load_config(path: str | None, overrides: list[str] = ()) -> Config:
+    """YAML file + `key=value` overrides -> a validated, frozen `Config`."""
+    from mmrl.policies import policy_config_class
+
+    layers = ([_read_yaml(path)] if path else []) + [_parse_overrides(list(overrides))]
+    merged = _merge(Config, *layers)
+    policy_raw = merged.policy
+    if policy_raw is None or not OmegaConf.is_dict(policy_raw) or "name" not in policy_raw:
+        raise ConfigError("config section 'policy' must be a mapping with a 'name' (e.g. policy.name=bandit)")
+    try:
+        policy_cls = policy_config_class(str(policy_raw.name))
+    except KeyError as e:
+        raise ConfigError(f"config key 'policy.name': {e.args[0]}") from None
+    policy_node = _merge(policy_cls, policy_raw, prefix="policy.")
+    OmegaConf.set_readonly(merged, False)
+    merged.policy = None
+    try:
+        cfg = OmegaConf.to_object(merged)
+        policy = OmegaConf.to_object(policy_node)
+    except OmegaConfBaseException as e:
+        raise _explain(e, Config) from None
+    cfg = dataclasses.replace(cfg, policy=policy)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that types alone cannot express."""
+    t = cfg.train
+    for name in ("prompts_per_step", "group_size", "update_epochs", "samples_per_microbatch"):
+        if getattr(t, name) < 1:
+            raise ConfigError(f"config key 'train.{name}' must be >= 1, got {getattr(t, name)}")
+    if t.grad_accum_steps < 0:
+        raise ConfigError(f"config key 'train.grad_accum_steps' must be >= 0, got {t.grad_accum_steps}")
+    if cfg.max_steps < 0:
+        raise ConfigError(f"config key 'max_steps' must be >= 0, got {cfg.max_steps}")
+    if cfg.precision not in ("fp32", "bf16", "fp16"):
+        raise ConfigError(f"config key 'precision' must be one of fp32, bf16, fp16; got {cfg.precision!r}")
+    if not cfg.data.train:
+        raise ConfigError("config key 'data.train' is empty: name a .jsonl/.json/.parquet file or 'module:function'")
+    if not cfg.rewards:
+        raise ConfigError("config key 'rewards' is empty: list at least one reward, e.g. [{name: format}]")
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def describe_sections() -> str:
+    """Text for `mmrl train --help`: every section with its keys and defaults."""
+    lines = []
+    defaults = Config()
+    for f in dataclasses.fields(Config):
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            keys = ", ".join(f"{g.name}={getattr(value, g.name)!r}" for g in dataclasses.fields(value))
+            lines.append(f"  {f.name}: {keys}")
+        else:
+            lines.append(f"  {f.name} (default {value!r})")
+    return "\n".join(lines)

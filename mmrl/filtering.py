@@ -1,0 +1,52 @@
+"""Group filters: which prompt groups of a step carry a learning signal.
+
+Both take the combined rewards r [P, G] (NaN = unscorable) and return keep [P] (bool).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mmrl.registry import Registry
+
+FILTERS: Registry = Registry("group filter")
+
+
+def group_spread(r: torch.Tensor) -> torch.Tensor:
+    """Unbiased std of each group's valid rewards, 0 with fewer than two. [P, G] -> [P]"""
+    valid = ~torch.isnan(r)                                          # [P, G]
+    n = valid.sum(1)                                                 # [P]
+    mean = torch.where(valid, r, 0.0).sum(1) / n.clamp(min=1)        # [P]
+    sq = torch.where(valid, (r - mean[:, None]) ** 2, 0.0).sum(1)    # [P]
+    return torch.where(n >= 2, (sq / (n - 1).clamp(min=1)).sqrt(), 0.0)
+
+
+@FILTERS.register("none")
+def keep_all(r: torch.Tensor, keep_frac: float = 1.0) -> torch.Tensor:
+    return torch.ones(r.shape[0], dtype=torch.bool)
+
+
+@FILTERS.register("dynamic")
+def has_signal(r: torch.Tensor, keep_frac: float = 1.0) -> torch.Tensor:
+    """DAPO dynamic sampling (arXiv 2503.14476): drop groups whose valid rewards are all
+    equal. The trainer then samples more prompts until the step is full."""
+    valid = ~torch.isnan(r)
+    hi = torch.where(valid, r, -torch.inf).amax(1)
+    lo = torch.where(valid, r, torch.inf).amin(1)
+    return (valid.sum(1) >= 2) & (hi > lo)                           # [P]
+
+
+@FILTERS.register("starpo")
+def top_spread(r: torch.Tensor, keep_frac: float = 0.5) -> torch.Tensor:
+    """StarPO-S uncertainty filtering (RAGEN, arXiv 2504.20073): keep the fraction
+    `keep_frac` of groups with the highest reward std (at least one; ties by index)."""
+    if not 0 < keep_frac <= 1:
+        raise ValueError(f"algo.filter_keep_frac must be in (0, 1], got {keep_frac}")
+    p = r.shape[0]
+    k = max(1, math.ceil(keep_frac * p - 1e-9))
+    order = torch.sort(group_spread(r), descending=True, stable=True).indices  # [P]
+    keep = torch.zeros(p, dtype=torch.bool)
+    keep[order[:k]] = True
+    return keep

@@ -1,0 +1,180 @@
+"""Clipped policy-gradient surrogate, KL estimators and loss aggregation.
+
+Notation (REFERENCE.md section 1): per action, logp = log pi_theta, old = log pi_old,
+ref = log pi_ref, A the sample's advantage, r = exp(logp - old) the ratio,
+eps_low / eps_high the clip range (DAPO's clip-higher when they differ), c the dual-clip
+constant. All tensors are [n, T] with `mask` [n, T] unless noted; math runs in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mmrl.registry import Registry
+from mmrl.types import Scores
+
+AGGREGATIONS: Registry = Registry("loss aggregation")
+KL_ESTIMATORS: Registry = Registry("KL estimator")
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """Totals of the whole optimizer step (all microbatches, all processes), so that
+    summing microbatch losses gives exactly the loss of the full batch.
+
+    num_seqs:    sequences in the step; num_tokens: valid actions in the step;
+    max_len:     the constant of `seq-mean-token-sum-norm` (Dr.GRPO), e.g. T.
+    world_size:  gradients are averaged over processes, so totals are divided by it.
+    """
+
+    num_seqs: float
+    num_tokens: float
+    max_len: float
+    world_size: int = 1
+
+    @staticmethod
+    def of(mask: torch.Tensor, max_len: float | None = None) -> "Normalizer":
+        return Normalizer(mask.shape[0], float(mask.sum()), max_len or mask.shape[1])
+
+
+def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum()
+
+
+@AGGREGATIONS.register("token-mean")
+def token_mean(l, mask, norm: Normalizer):
+    """Sum over all valid actions / their number (DAPO; TRL's default)."""
+    return _masked_sum(l, mask) / (norm.num_tokens / norm.world_size)
+
+
+@AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(l, mask, norm: Normalizer):
+    """Mean over each sequence's actions, then mean over sequences (original GRPO)."""
+    per_seq = (l * mask).sum(1) / mask.sum(1).clamp(min=1)       # [n]
+    return per_seq.sum() / (norm.num_seqs / norm.world_size)
+
+
+@AGGREGATIONS.register("seq-mean-token-sum")
+def seq_mean_token_sum(l, mask, norm: Normalizer):
+    """Sum over each sequence, mean over sequences."""
+    return _masked_sum(l, mask) / (norm.num_seqs / norm.world_size)
+
+
+@AGGREGATIONS.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(l, mask, norm: Normalizer):
+    """Sum over each sequence / a constant (max length), mean over sequences (Dr.GRPO)."""
+    return _masked_sum(l, mask) / norm.max_len / (norm.num_seqs / norm.world_size)
+
+
+def aggregate(l: torch.Tensor, mask: torch.Tensor, mode: str, norm: Normalizer | None = None):
+    """Reduce per-action values l [n, T] to a scalar; `norm` defaults to this batch alone."""
+    fn = AGGREGATIONS.get_item(mode, "algo.aggregation")
+    return fn(l, mask.to(l.dtype), norm or Normalizer.of(mask))
+
+
+@KL_ESTIMATORS.register("k1")
+def kl_k1(logp, ref):
+    """k1 = log pi - log pi_ref (unbiased, high variance)."""
+    return logp - ref
+
+
+@KL_ESTIMATORS.register("k2")
+def kl_k2(logp, ref):
+    """k2 = (log pi_ref - log pi)^2 / 2."""
+    return 0.5 * (ref - logp) ** 2
+
+
+@KL_ESTIMATORS.register("k3")
+def kl_k3(logp, ref):
+    """k3 = exp(d) - d - 1 with d = log pi_ref - log pi (Schulman, low variance)."""
+    d = ref - logp
+    return torch.exp(d) - d - 1
+
+
+def kl_estimate(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.Tensor:
+    return KL_ESTIMATORS.get_item(estimator, "algo.kl_estimator")(logp.float(), ref.float())
+
+
+def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float,
+                      dual_clip: float | None = None, level: str = "token"):
+    """Per-action PPO/GRPO loss l = -min(r A, clip(r, 1-eps_low, 1+eps_high) A).
+
+    adv: [n] one advantage per sample. level "token": r per action; "sequence" (GSPO,
+    arXiv 2507.18071): s = exp(mean_t(logp - old)) over the mask, shared by the sequence.
+    dual_clip c: for A < 0, l = min(l, -c A). Returns (l [n, T], metrics).
+    """
+    mask = mask.float()
+    log_r = logp.float() - old.float()                              # [n, T]
+    if level == "sequence":
+        seq = (log_r * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)  # [n, 1]
+        log_r = seq.expand_as(log_r)                                # [n, T]
+    elif level != "token":
+        raise ValueError(f"unknown algo.ratio_level {level!r}; valid: token, sequence")
+    r = torch.exp(log_r)                                            # [n, T]
+    a = adv.float()[:, None].expand_as(r)                           # [n, T]
+    unclipped = -r * a
+    clipped = -r.clamp(1 - clip_low, 1 + clip_high) * a
+    l = torch.maximum(unclipped, clipped)                           # [n, T]
+    dual = torch.zeros_like(l, dtype=torch.bool)
+    if dual_clip is not None:
+        if dual_clip <= 1:
+            raise ValueError(f"algo.dual_clip must be > 1 (typically 3), got {dual_clip}")
+        bound = -dual_clip * a
+        dual = (a < 0) & (l > bound)
+        l = torch.where(a < 0, torch.minimum(l, bound), l)
+    m = mask.bool()
+    low = (r < 1 - clip_low) & (a < 0)
+    high = (r > 1 + clip_high) & (a > 0)
+    count = mask.sum().clamp(min=1)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": ((low | high) & m).sum() / count,
+            "clip_frac/low": (low & m).sum() / count,
+            "clip_frac/high": (high & m).sum() / count,
+            "clip_frac/dual": (dual & m).sum() / count,
+            "approx_kl": (((r - 1) - log_r) * mask).sum() / count,   # k3(old || new)
+            "ratio/mean": (r * mask).sum() / count,
+            "ratio/max_abs_dev": ((r - 1).abs() * mask).max(),
+        }
+    return l, metrics
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    ratio_level: str = "token"
+    aggregation: str = "token-mean"
+    kl_beta: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+
+
+def policy_loss(scores: Scores, old, adv, mask, ref, spec: LossSpec, norm: Normalizer | None = None):
+    """Total loss of a microbatch: surrogate + beta * KL - entropy_coef * entropy,
+    aggregated with `spec.aggregation`. `ref` [n, T] may be None when beta == 0 or the
+    adapter supplies `scores.kl`. Returns (loss, metrics)."""
+    l, metrics = clipped_surrogate(scores.log_probs, old, adv, mask, clip_low=spec.clip_low,
+                                   clip_high=spec.clip_high, dual_clip=spec.dual_clip,
+                                   level=spec.ratio_level)
+    maskf = mask.float()
+    count = maskf.sum().clamp(min=1)
+    metrics["pg_loss"] = aggregate(l.detach(), maskf, spec.aggregation)
+    if spec.kl_beta != 0:
+        kl = scores.kl if scores.kl is not None else None
+        if kl is None:
+            if ref is None:
+                raise ValueError("algo.kl_beta > 0 but the policy gave no reference log-probs")
+            kl = kl_estimate(scores.log_probs, ref, spec.kl_estimator)  # [n, T]
+        l = l + spec.kl_beta * kl.float()
+        metrics["kl"] = (kl.detach().float() * maskf).sum() / count
+    if spec.entropy_coef != 0:
+        if scores.entropy is None:
+            raise ValueError("algo.entropy_coef != 0 but this policy does not compute entropies")
+        l = l - spec.entropy_coef * scores.entropy.float()
+    if scores.entropy is not None:
+        metrics["entropy"] = (scores.entropy.detach().float() * maskf).sum() / count
+    return aggregate(l, maskf, spec.aggregation, norm), metrics

@@ -1,0 +1,33 @@
+"""Write samples with their scores to JSONL (images saved beside it as PNG)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import torch
+
+
+def _output_field(output, image_dir: str, i: int):
+    if isinstance(output, str) or output is None:
+        return output
+    if hasattr(output, "save"):  # a PIL image
+        os.makedirs(image_dir, exist_ok=True)
+        path = os.path.join(image_dir, f"{i:04d}.png")
+        output.save(path)
+        return os.path.relpath(path, os.path.dirname(image_dir))
+    return repr(output)
+
+
+def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[str],
+                  advantages: torch.Tensor | None = None) -> None:
+    image_dir = os.path.splitext(path)[0]
+    with open(path, "w", encoding="utf-8") as f:
+        for i, s in enumerate(samples):
+            row = {"id": s.id, "prompt": s.prompt, "output": _output_field(s.output, image_dir, i),
+                   "answer": s.answer if isinstance(s.answer, (str, int, float, list, type(None))) else repr(s.answer),
+                   "scores": {k: (None if math.isnan(v) else v) for k, v in zip(labels, scores[i].tolist())}}
+            if advantages is not None:
+                row["advantage"] = float(advantages[i])
+            f.write(json.dumps(row, default=repr) + "\n")

@@ -1,0 +1,100 @@
+"""The update phase of a step: `update_epochs` passes of shuffled microbatches, gradient
+accumulation up to each optimizer step, grad-norm clipping, non-finite step skipping."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+
+import torch
+
+from mmrl.losses import LossSpec, Normalizer, policy_loss
+
+
+class NonFiniteError(RuntimeError):
+    """Too many optimizer steps in a row had NaN/inf loss or gradients."""
+
+
+def loss_spec(algo) -> LossSpec:
+    return LossSpec(clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+                    ratio_level=algo.ratio_level, aggregation=algo.aggregation, kl_beta=algo.kl_beta,
+                    kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef)
+
+
+def _normalizer(run, mask: torch.Tensor) -> Normalizer:
+    """Sequence and action totals of one optimizer step over all processes."""
+    acc = run.accelerator
+    local = torch.tensor([float(mask.shape[0]), float(mask.sum())], device=acc.device)
+    seqs, tokens = acc.reduce(local, "sum").tolist()
+    max_len = run.cfg.algo.max_len_norm or mask.shape[1]
+    return Normalizer(seqs, tokens, float(max_len), acc.num_processes)
+
+
+def _optimizer_step(run, params, loss_total: float, counters: dict) -> float:
+    acc, opt = run.accelerator, run.cfg.optim
+    limit = opt.max_grad_norm if opt.max_grad_norm > 0 else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
+    if math.isfinite(grad_norm) and math.isfinite(loss_total):
+        run.optimizer.step()
+        run.scheduler.step()
+        counters["streak"] = 0
+    else:
+        counters["skipped"] += 1
+        counters["streak"] += 1
+        if counters["streak"] >= opt.max_nonfinite_in_a_row:
+            raise NonFiniteError(
+                f"{counters['streak']} optimizer steps in a row had a non-finite loss or gradient "
+                f"(optim.max_nonfinite_in_a_row={opt.max_nonfinite_in_a_row}); stopping. The last "
+                "checkpoint is intact; try a lower optim.lr or optim.max_grad_norm.")
+    run.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def update(run, batch, step: int) -> dict:
+    """Optimise the policy on one step's batch; returns the update metrics."""
+    cfg, acc, policy = run.cfg, run.accelerator, run.policy
+    ro, adv = batch.rollout, batch.advantages.to(acc.device)
+    n = len(ro)
+    if n == 0:
+        return {"update/skipped_empty": 1}
+    spec = loss_spec(cfg.algo)
+    ref = policy.reference_log_probs(ro, torch.arange(n)) if spec.kl_beta != 0 else None  # [N, T], once
+    mb = cfg.train.samples_per_microbatch
+    per_opt = mb * cfg.train.grad_accum_steps if cfg.train.grad_accum_steps else n
+    gen = torch.Generator().manual_seed(cfg.seed * 7_919 + step)
+    sums, counts, maxima = defaultdict(float), defaultdict(int), {}
+    counters = run.counters
+    first_dev = None
+    for _ in range(cfg.train.update_epochs):
+        perm = torch.randperm(n, generator=gen)                                   # [N]
+        for chunk in perm.split(per_opt):
+            norm = _normalizer(run, ro.mask[chunk])
+            micro = chunk.split(mb)
+            loss_total = 0.0
+            for i, idx in enumerate(micro):
+                sync = contextlib.nullcontext() if i == len(micro) - 1 else acc.no_sync(policy.model)
+                with sync, acc.autocast():
+                    scores = policy.log_probs(ro, idx)                            # [n, T]
+                    old, mask = ro.log_probs[idx], ro.mask[idx]
+                    loss, m = policy_loss(scores, old, adv[idx], mask, None if ref is None else ref[idx], spec, norm)
+                    acc.backward(loss)
+                loss_total += float(loss.detach())
+                if first_dev is None:
+                    first_dev = float(m["ratio/max_abs_dev"])
+                for k, v in m.items():
+                    if "max" in k:
+                        maxima[k] = max(maxima.get(k, -math.inf), float(v))
+                    else:
+                        sums[k] += float(v)
+                        counts[k] += 1
+            sums["loss"] += loss_total
+            counts["loss"] += 1
+            sums["grad_norm"] += _optimizer_step(run, run.params, loss_total, counters)
+            counts["grad_norm"] += 1
+    out = {k: sums[k] / counts[k] for k in sums}
+    out.update(maxima)
+    out["ratio/first_max_abs_dev"] = first_dev
+    out["nonfinite/skipped"] = counters["skipped"]
+    out["optim/lr"] = run.scheduler.get_last_lr()[0]
+    return out

@@ -1,0 +1,163 @@
+"""Score samples with every configured reward, isolating failures.
+
+A reward that raises, times out, or returns None/NaN for a sample marks that sample
+unscorable for that reward (NaN in the score matrix: no group statistics, advantage 0
+for it) and is counted in `reward/<label>/failed`. A reward that returns the wrong number
+of scores, or fails on more than `max_fail_frac` of a batch, raises `RewardError`,
+which stops training (the last checkpoint stands).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from rewards.registry import resolve
+
+log = logging.getLogger("mmrl.rewards")
+RESERVED = ("name", "weight", "label", "timeout_s", "max_fail_frac")
+
+
+class RewardError(RuntimeError):
+    """A reward is broken beyond per-sample isolation; training must stop."""
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str                       # registered name, module:function or file.py:function
+    label: str                      # the name used in metrics: reward/<label>/mean
+    weight: float = 1.0
+    timeout_s: float | None = None  # a batch call slower than this fails for all its samples
+    max_fail_frac: float = 0.5      # more failed samples than this in one batch stops training
+    kwargs: dict = None
+
+
+def parse_specs(entries: list[Any]) -> list[RewardSpec]:
+    """Config `rewards:` list -> specs; errors name the entry and the key."""
+    specs, labels = [], set()
+    for i, e in enumerate(entries):
+        if isinstance(e, str):
+            e = {"name": e}
+        if not isinstance(e, dict) or "name" not in e:
+            raise ValueError(f"config key 'rewards[{i}]' must be a mapping with a 'name', got {e!r}")
+        e = dict(e)
+        name = str(e["name"])
+        label = str(e.get("label") or name.rsplit(":", 1)[-1])
+        if label in labels:
+            raise ValueError(f"config key 'rewards[{i}]': label {label!r} is used twice; set 'label:' to tell them apart")
+        labels.add(label)
+        try:
+            weight = float(e.get("weight", 1.0))
+            timeout = None if e.get("timeout_s") is None else float(e["timeout_s"])
+            frac = float(e.get("max_fail_frac", 0.5))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"config key 'rewards[{i}]' ({name}): weight, timeout_s and max_fail_frac must be numbers: {err}")
+        kwargs = {k: v for k, v in e.items() if k not in RESERVED}
+        specs.append(RewardSpec(name, label, weight, timeout, frac, kwargs))
+    return specs
+
+
+class RewardSet:
+    """The run's rewards, built once. `score(samples) -> (scores [N, K], metrics)`."""
+
+    def __init__(self, specs: list[RewardSpec]):
+        self.specs = specs
+        self.fns: list[Callable] = []
+        for s in specs:
+            try:
+                self.fns.append(resolve(s.name, s.kwargs))
+            except ValueError as e:
+                raise ValueError(f"reward {s.label!r}: {e}") from None
+        self._seen_errors: set[tuple[str, str]] = set()
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmrl-reward")
+
+    @property
+    def labels(self) -> list[str]:
+        return [s.label for s in self.specs]
+
+    @property
+    def weights(self) -> list[float]:
+        return [s.weight for s in self.specs]
+
+    def _call(self, spec: RewardSpec, fn: Callable, samples: list) -> list:
+        if spec.timeout_s is None:
+            return fn(samples)
+        future = self._pool.submit(fn, samples)
+        try:
+            return future.result(timeout=spec.timeout_s)
+        except cf.TimeoutError:
+            # the stuck call keeps its thread; later calls get a fresh pool
+            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmrl-reward")
+            raise TimeoutError(f"reward {spec.label!r} took longer than timeout_s={spec.timeout_s}")
+
+    def _note(self, spec: RewardSpec, err: BaseException, sample_id: str) -> None:
+        key = (spec.label, type(err).__name__)
+        if key not in self._seen_errors:
+            self._seen_errors.add(key)
+            log.warning("reward %r failed on %s: %s: %s (further %s errors of this reward are counted, not logged)",
+                        spec.label, sample_id or "a sample", type(err).__name__, err, type(err).__name__)
+
+    def _score_one(self, spec: RewardSpec, fn: Callable, samples: list) -> tuple[list, BaseException | None]:
+        """Batch call; if it raises, fall back to one call per sample to isolate the bad ones."""
+        try:
+            return self._check_length(spec, self._call(spec, fn, samples), len(samples)), None
+        except RewardError:
+            raise
+        except TimeoutError as e:
+            self._note(spec, e, samples[0].id if samples else "")
+            return [None] * len(samples), e
+        except Exception as e:  # noqa: BLE001  (isolation is the point)
+            first = e
+        out = []
+        for s in samples:
+            try:
+                out += self._check_length(spec, self._call(spec, fn, [s]), 1)
+            except RewardError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                self._note(spec, e, s.id)
+                out.append(None)
+        return out, first
+
+    @staticmethod
+    def _check_length(spec: RewardSpec, values, n: int) -> list:
+        if not isinstance(values, (list, tuple)) or len(values) != n:
+            got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+            raise RewardError(f"reward {spec.label!r} returned {got} scores for {n} samples; "
+                              "a reward must return one float or None per sample")
+        return list(values)
+
+    def score(self, samples: list) -> tuple[torch.Tensor, dict]:
+        n = len(samples)
+        columns, metrics = [], {}
+        for spec, fn in zip(self.specs, self.fns):
+            values, first_err = self._score_one(spec, fn, samples)
+            col = [_as_float(v) for v in values]
+            failed = sum(math.isnan(v) for v in col)
+            if n and failed / n > spec.max_fail_frac:
+                cause = f"; first error: {type(first_err).__name__}: {first_err}" if first_err else ""
+                raise RewardError(f"reward {spec.label!r} failed on {failed} of {n} samples "
+                                  f"(more than max_fail_frac={spec.max_fail_frac}){cause}")
+            good = [v for v in col if not math.isnan(v)]
+            metrics[f"reward/{spec.label}/mean"] = sum(good) / len(good) if good else float("nan")
+            metrics[f"reward/{spec.label}/failed"] = failed
+            columns.append(col)
+        scores = torch.tensor(columns, dtype=torch.float32).T.reshape(n, len(self.specs))  # [N, K]
+        return scores, metrics
+
+
+def _as_float(v) -> float:
+    if v is None:
+        return float("nan")
+    if isinstance(v, bool):
+        return float(v)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+    return f if math.isfinite(f) else float("nan")
