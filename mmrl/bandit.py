@@ -9,6 +9,7 @@ real trainer end to end: rollout, rewards, advantages, clipped updates, KL, chec
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from typing import List
 
@@ -27,6 +28,7 @@ class Config:
     num_actions: int = 1       # T, arms drawn per sample
     reference: bool = True     # keep a frozen copy of the initial logits for KL
     nonfinite_steps: List[int] = field(default_factory=list)  # test hook: steps whose log-probs are NaN
+    sleep_s: float = 0.0       # test hook: seconds to sleep per rollout (so a test can kill a run mid-way)
 
 
 class Logits(torch.nn.Module):
@@ -58,6 +60,8 @@ class BanditPolicy:
     @torch.no_grad()
     def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
         self._poisoned = prompts.step in self.cfg.nonfinite_steps
+        if self.cfg.sleep_s:
+            time.sleep(self.cfg.sleep_s)
         contexts, actions, samples, groups = [], [], [], []
         for p, (row, seed) in enumerate(zip(prompts.rows, prompts.seeds)):
             gen = torch.Generator().manual_seed(seed)

@@ -29,10 +29,11 @@ def _fsync_dir(path: str) -> None:
 
 
 def _fsync_tree(path: str) -> None:
-    for name in os.listdir(path):
-        with open(os.path.join(path, name), "rb") as f:
-            os.fsync(f.fileno())
-    _fsync_dir(path)
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(dirpath)
 
 
 def write_text_atomic(path: str, text: str) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from mmrl.advantages import combine
 from mmrl.data import prompt_seed
+from mmrl.dist import all_reduce
 from mmrl.filtering import FILTERS
 from mmrl.types import PromptBatch, Rollout, concat, select
 
@@ -48,7 +49,7 @@ def _round(run, step: int, rnd: int) -> tuple[Rollout, torch.Tensor, dict]:
 
 
 def collect(run, step: int) -> StepBatch:
-    cfg, acc = run.cfg, run.accelerator
+    cfg = run.cfg
     g, a = cfg.train.group_size, cfg.algo
     keep_fn = FILTERS.get_item(a.filter, "algo.filter")
     rounds = 1 + (a.max_resample_rounds if a.filter == "dynamic" else 0)
@@ -68,11 +69,10 @@ def collect(run, step: int) -> StepBatch:
         n_kept += int(keep.sum())
         if a.filter != "dynamic":
             break
-        enough = torch.tensor([float(n_kept >= run.prompts_per_process)], device=acc.device)
-        if float(acc.reduce(enough, "min")) > 0:
+        if all_reduce([float(n_kept >= run.prompts_per_process)], "min")[0] > 0:
             break
     # every process trains on the same number of groups (DDP needs equal microbatch counts)
-    n_common = int(acc.reduce(torch.tensor([float(min(n_kept, run.prompts_per_process))], device=acc.device), "min"))
+    n_common = int(all_reduce([float(min(n_kept, run.prompts_per_process))], "min")[0])
     rollout = concat(kept_rollouts)
     idx = torch.arange(n_common * g)
     rollout, scores = select(rollout, idx), torch.cat(kept_scores)[idx]

@@ -20,6 +20,19 @@ def _output_field(output, image_dir: str, i: int):
     return repr(output)
 
 
+def write_grid(path: str, images: list, columns: int = 8) -> None:
+    """Save PIL images (all the same size) as one PNG grid, row-major."""
+    from PIL import Image
+
+    w, h = images[0].size
+    cols = min(columns, len(images))
+    rows = (len(images) + cols - 1) // cols
+    grid = Image.new("RGB", (cols * w, rows * h))
+    for i, im in enumerate(images):
+        grid.paste(im.convert("RGB").resize((w, h)), ((i % cols) * w, (i // cols) * h))
+    grid.save(path)
+
+
 def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[str],
                   advantages: torch.Tensor | None = None) -> None:
     image_dir = os.path.splitext(path)[0]
@@ -31,3 +44,6 @@ def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[s
             if advantages is not None:
                 row["advantage"] = float(advantages[i])
             f.write(json.dumps(row, default=repr) + "\n")
+    images = [s.output for s in samples if hasattr(s.output, "save")]
+    if images and len(images) == len(samples):
+        write_grid(os.path.splitext(path)[0] + "_grid.png", images)

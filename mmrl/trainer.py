@@ -20,6 +20,7 @@ from mmrl import checkpoint
 from mmrl.collect import collect
 from mmrl.config import Config, ConfigError, to_yaml
 from mmrl.data import PromptSampler, load_records
+from mmrl.dist import all_reduce
 from mmrl.evaluation import evaluate
 from mmrl.metrics import MetricsSink, truncate_after
 from mmrl.policies import BuildContext, build_policy
@@ -135,14 +136,17 @@ def _save(run: Run, step: int) -> None:
 
 
 def _reduce_metrics(acc: Accelerator, row: dict) -> dict:
-    """Average scalar metrics over processes (counts are summed)."""
+    """Combine scalar metrics over processes: failure counts are summed, maxima maxed,
+    everything else averaged."""
     if acc.num_processes == 1:
         return row
-    keys = sorted(k for k, v in row.items() if isinstance(v, (int, float)) and v is not None)
-    vals = torch.tensor([float(row[k]) for k in keys], dtype=torch.float64, device=acc.device)
-    mean = acc.reduce(vals, "mean").tolist()
-    total = acc.reduce(vals, "sum").tolist()
-    return {**row, **{k: (t if k.endswith(("/failed", "skipped")) else m) for k, m, t in zip(keys, mean, total)}}
+    keys = sorted(k for k, v in row.items() if isinstance(v, (int, float)) and v is not None and k != "step")
+    vals = [float(row[k]) for k in keys]
+    mean, total, top = all_reduce(vals, "mean"), all_reduce(vals, "sum"), all_reduce(vals, "max")
+    out = dict(row)
+    for k, m, t, x in zip(keys, mean, total, top):
+        out[k] = int(t) if k.endswith("/failed") else x if "max" in k else m
+    return out
 
 
 def _eval_due(run: Run, step: int) -> bool:
@@ -152,7 +156,13 @@ def _eval_due(run: Run, step: int) -> bool:
 
 def train(cfg: Config) -> str:
     """Run training to `cfg.max_steps`; returns the run directory."""
-    run = setup(cfg)
+    fit(setup(cfg))
+    return cfg.output_dir
+
+
+def fit(run: Run) -> None:
+    """The step loop of a built run."""
+    cfg = run.cfg
     acc, main = run.accelerator, run.accelerator.is_main_process
     if main:
         os.makedirs(os.path.join(cfg.output_dir, "samples"), exist_ok=True)
@@ -181,4 +191,3 @@ def train(cfg: Config) -> str:
                 _save(run, step + 1)
     finally:
         sink.close()
-    return cfg.output_dir

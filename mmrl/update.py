@@ -9,6 +9,7 @@ from collections import defaultdict
 
 import torch
 
+from mmrl.dist import all_reduce
 from mmrl.losses import LossSpec, Normalizer, policy_loss
 
 
@@ -24,11 +25,9 @@ def loss_spec(algo) -> LossSpec:
 
 def _normalizer(run, mask: torch.Tensor) -> Normalizer:
     """Sequence and action totals of one optimizer step over all processes."""
-    acc = run.accelerator
-    local = torch.tensor([float(mask.shape[0]), float(mask.sum())], device=acc.device)
-    seqs, tokens = acc.reduce(local, "sum").tolist()
+    seqs, tokens = all_reduce([float(mask.shape[0]), float(mask.sum())], "sum")
     max_len = run.cfg.algo.max_len_norm or mask.shape[1]
-    return Normalizer(seqs, tokens, float(max_len), acc.num_processes)
+    return Normalizer(seqs, tokens, float(max_len), run.accelerator.num_processes)
 
 
 def _optimizer_step(run, params, loss_total: float, counters: dict) -> float:

@@ -1,0 +1,106 @@
+"""The training loop on the test-only bandit policy: learning, contract metrics,
+non-finite handling, dynamic sampling, KL."""
+
+import os
+
+import pytest
+import torch
+
+from mmrl import checkpoint
+from mmrl.update import NonFiniteError
+from helpers import read_metrics, run_bandit, train_rows
+
+CONTRACT = ["step", "reward/mean", "reward/match/mean", "loss", "grad_norm", "clip_frac", "time/step_s"]
+
+
+def test_grpo_drives_bandit_from_chance_to_optimum(tmp_path):
+    run_bandit(tmp_path)
+    rows = read_metrics(tmp_path)
+    evals = [r["eval/reward/mean"] for r in rows if "eval/reward/mean" in r]
+    assert evals[0] == pytest.approx(0.125)          # uniform start: every arm ties, argmax picks arm 0
+    assert evals[-1] >= 0.99
+    train = train_rows(tmp_path)
+    assert sum(r["reward/mean"] for r in train[:3]) / 3 < 0.35     # chance is 1/8 per position
+    assert sum(r["reward/mean"] for r in train[-3:]) / 3 > 0.85
+
+
+def test_on_policy_ratio_is_exactly_one_at_first_inner_step(tmp_path):
+    run_bandit(tmp_path, "max_steps=5")
+    for r in train_rows(tmp_path):
+        assert r["ratio/first_max_abs_dev"] == 0.0
+    # the second epoch is off-policy, so the ratio must have moved somewhere
+    assert max(r["ratio/max_abs_dev"] for r in train_rows(tmp_path)) > 0
+
+
+def test_run_directory_and_metric_contract(tmp_path):
+    run_bandit(tmp_path, "max_steps=4", "algo.kl_beta=0.1", "logging.save_samples_every=2")
+    for name in ("config.yaml", "metrics.jsonl", "checkpoints", "samples"):
+        assert os.path.exists(tmp_path / name), name
+    rows = train_rows(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        for key in CONTRACT + ["kl"]:
+            assert key in r and r[key] is not None, key
+    assert os.path.isfile(tmp_path / "samples" / "step_000002.jsonl")
+    assert checkpoint.latest(str(tmp_path / "checkpoints")).endswith("step_000004")
+
+
+def test_no_kl_metric_and_no_reference_call_when_beta_is_zero(tmp_path, monkeypatch):
+    from mmrl.bandit import BanditPolicy
+
+    def boom(*a, **k):
+        raise AssertionError("reference forward ran with kl_beta=0")
+
+    monkeypatch.setattr(BanditPolicy, "reference_log_probs", boom)
+    run_bandit(tmp_path, "max_steps=2")
+    assert all("kl" not in r for r in train_rows(tmp_path))
+
+
+def test_kl_penalty_keeps_policy_closer_to_reference(tmp_path):
+    free = run_bandit(tmp_path / "free", "max_steps=15")
+    tied = run_bandit(tmp_path / "tied", "max_steps=15", "algo.kl_beta=1.0", "algo.kl_estimator=k2")
+    dist = [(r.policy.net.theta - r.policy.ref).norm().item() for r in (free, tied)]
+    assert dist[1] < dist[0]
+
+
+def test_nonfinite_step_is_skipped_and_counted(tmp_path):
+    run = run_bandit(tmp_path, "max_steps=5", "policy.nonfinite_steps=[2]", "train.update_epochs=1")
+    rows = train_rows(tmp_path)
+    assert [r["nonfinite/skipped"] for r in rows] == [0, 0, 1, 1, 1]
+    assert torch.isfinite(run.policy.net.theta).all()
+
+
+def test_nonfinite_in_a_row_stops_and_keeps_last_good_checkpoint(tmp_path):
+    with pytest.raises(NonFiniteError, match="in a row"):
+        run_bandit(tmp_path, "max_steps=10", "checkpoint.every=1", "policy.nonfinite_steps=[3,4,5]",
+                   "optim.max_nonfinite_in_a_row=3", "train.update_epochs=1")
+    latest = checkpoint.latest(str(tmp_path / "checkpoints"))
+    assert latest.endswith("step_000005")   # steps 4 and 5 were skipped but saved; 6 never ran
+    from safetensors.torch import load_file
+    assert torch.isfinite(load_file(os.path.join(latest, "policy.safetensors"))["theta"]).all()
+
+
+def test_dynamic_sampling_fills_the_step_with_informative_groups(tmp_path):
+    run_bandit(tmp_path, "max_steps=12", "algo.filter=dynamic", "algo.max_resample_rounds=4",
+               "train.group_size=4")
+    rows = train_rows(tmp_path)
+    assert any(r["filter/rounds"] > 1 for r in rows)
+    assert all(1 <= r["filter/rounds"] <= 5 for r in rows)
+    assert all(r["filter/kept_groups"] <= 4 for r in rows)
+
+
+def test_starpo_keeps_the_configured_fraction(tmp_path):
+    run_bandit(tmp_path, "max_steps=3", "algo.filter=starpo", "algo.filter_keep_frac=0.5")
+    assert all(r["filter/kept_groups"] == 2 for r in train_rows(tmp_path))
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_grad_accumulation_matches_single_microbatch(tmp_path, aggregation):
+    # Adam's eps is raised so that float noise on zero gradients is not amplified to +-lr
+    common = ["max_steps=2", "train.update_epochs=1", "optim.eps=1.0", f"algo.aggregation={aggregation}"]
+    a = run_bandit(tmp_path / "a", *common, "train.samples_per_microbatch=32")
+    b = run_bandit(tmp_path / "b", *common, "train.samples_per_microbatch=4")
+    c = run_bandit(tmp_path / "c", *common, "train.samples_per_microbatch=4", "train.grad_accum_steps=8")
+    assert (a.policy.net.theta - a.policy.ref).abs().max() > 1e-3
+    torch.testing.assert_close(a.policy.net.theta, b.policy.net.theta, rtol=0, atol=1e-6)
+    torch.testing.assert_close(a.policy.net.theta, c.policy.net.theta, rtol=0, atol=1e-6)
