@@ -69,7 +69,8 @@ def _batch_whiten(x: torch.Tensor, valid: torch.Tensor, eps: float) -> torch.Ten
 def reinforce_pp(r: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     """REINFORCE++ with group baseline (arXiv 2501.03262; veRL's
     `reinforce_plus_plus_baseline`): subtract the group mean, then whiten over the batch.
-    Batch statistics are over this process's batch."""
+    Batch statistics are over this process's batch, and over the samples of groups with
+    signal only (veRL also counts the zeros of zero-spread groups, which shrinks the std)."""
     valid, _, mean, _, sig = _group_stats(r.float())
     centred = torch.where(valid & sig, r - mean, 0.0)             # [P, G]
     keep = valid & sig

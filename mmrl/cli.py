@@ -56,12 +56,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("config", help="YAML file")
     t.add_argument("overrides", nargs="*", metavar="key=value")
     t.set_defaults(func=_train)
-    try:
-        from rewards.cli import add_commands
-    except ImportError:
-        add_commands = None
-    if add_commands:
-        add_commands(sub)
+    from rewards.cli import add_commands
+
+    add_commands(sub)
     return p
 
 

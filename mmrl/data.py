@@ -49,7 +49,10 @@ def load_records(source: str, kwargs: dict | None = None, field: str = "data.tra
         rows = _read_jsonl(_existing(source, field))
     elif source.endswith(".json"):
         with open(_existing(source, field), encoding="utf-8") as f:
-            rows = json.load(f)
+            try:
+                rows = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{source}, line {e.lineno}: not valid JSON ({e.msg})") from None
     elif source.endswith(".parquet"):
         import pyarrow.parquet as pq
 
@@ -91,6 +94,8 @@ class PromptSampler:
         return torch.randperm(self.size, generator=gen).tolist()
 
     def take(self, k: int) -> list[int]:
+        if self.size < 1:
+            raise ValueError("cannot sample prompts from an empty dataset")
         out: list[int] = []
         while len(out) < k:
             perm = self._perm()

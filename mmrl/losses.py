@@ -90,7 +90,7 @@ def kl_k2(logp, ref):
 def kl_k3(logp, ref):
     """k3 = exp(d) - d - 1 with d = log pi_ref - log pi (Schulman, low variance)."""
     d = ref - logp
-    return torch.exp(d) - d - 1
+    return torch.expm1(d) - d  # expm1 keeps k3 >= 0 and exact for tiny d in fp32
 
 
 def kl_estimate(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.Tensor:

@@ -16,12 +16,21 @@ def _clean(value):
     return value
 
 
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return None  # a line cut short by a kill
+
+
 def truncate_after(path: str, step: int) -> None:
-    """Drop rows logged after `step` (a resumed run logs those steps again)."""
+    """Drop rows logged after `step` (a resumed run logs those steps again) and any
+    partial line a killed run left behind."""
     if not os.path.isfile(path):
         return
     with open(path, encoding="utf-8") as f:
-        rows = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        rows = [line if line.endswith("\n") else line + "\n" for line in f
+                if line.strip() and (_step_of(line) is not None and _step_of(line) <= step)]
     write_text_atomic(path, "".join(rows))
 
 

@@ -56,7 +56,7 @@ class Rollout:
 
     @property
     def group_size(self) -> int:
-        counts = torch.bincount(self.group)
+        counts = torch.unique(self.group, return_counts=True)[1]
         if counts.numel() == 0 or not bool((counts == counts[0]).all()):
             raise ValueError(f"rollout groups have unequal sizes {counts.tolist()}")
         return int(counts[0])

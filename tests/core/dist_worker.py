@@ -1,0 +1,27 @@
+"""Run the bandit under the current launcher and save every rank's parameters (rank 0)."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import BANDIT  # noqa: E402
+
+from mmrl.config import load_config  # noqa: E402
+from mmrl.trainer import fit, setup  # noqa: E402
+
+if __name__ == "__main__":
+    out, overrides = sys.argv[1], sys.argv[2:]
+    run = setup(load_config(BANDIT, overrides))
+    fit(run)
+    theta = run.policy.net.theta.detach().clone()
+    world = run.accelerator.num_processes
+    thetas = [torch.zeros_like(theta) for _ in range(world)]
+    if world > 1:
+        dist.all_gather(thetas, theta)
+    else:
+        thetas = [theta]
+    if run.accelerator.is_main_process:
+        torch.save({"world": world, "thetas": thetas}, out)

@@ -1,0 +1,44 @@
+"""Two CPU processes (gloo) launched through accelerate train the bandit like one process."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import read_metrics
+
+WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
+ARGS = ["max_steps=6", "train.prompts_per_step=4", "train.update_epochs=1", "eval.every=0",
+        "optim.eps=1.0", "logging.progress=false"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_and_stay_in_sync(tmp_path):
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    two = subprocess.run(
+        [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+         WORKER, str(tmp_path / "two.pt"), f"output_dir={tmp_path / 'two'}", *ARGS],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = subprocess.run([sys.executable, WORKER, str(tmp_path / "one.pt"), f"output_dir={tmp_path / 'one'}", *ARGS],
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert (a["world"], b["world"]) == (1, 2)
+    rank0, rank1 = b["thetas"]
+    assert torch.equal(rank0, rank1)                              # DDP keeps ranks identical
+    assert (a["thetas"][0].abs().max()) > 1e-2                    # training moved the parameters
+    torch.testing.assert_close(rank0, a["thetas"][0], rtol=0, atol=1e-5)
+    rows_one, rows_two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    for r1, r2 in zip(rows_one, rows_two):
+        assert r1["reward/mean"] == pytest.approx(r2["reward/mean"], abs=1e-6)

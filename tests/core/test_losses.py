@@ -1,0 +1,318 @@
+"""Clipped surrogate, aggregation, Normalizer, KL estimators and policy_loss.
+
+Hand-computed tables; ratios are built as logp = log(ratio), old = 0.
+"""
+
+import math
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from mmrl.losses import (AGGREGATIONS, KL_ESTIMATORS, LossSpec, Normalizer, aggregate, clipped_surrogate,
+                         kl_estimate, kl_k1, kl_k2, kl_k3, policy_loss)
+from mmrl.types import Scores
+
+FAST = settings(max_examples=50, deadline=None)
+
+
+def T(rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def close(actual, expected, atol=1e-5):
+    exp = expected if isinstance(expected, torch.Tensor) else T(expected)
+    torch.testing.assert_close(actual.float(), exp, rtol=0, atol=atol)
+
+
+def log_ratio(ratios):
+    return torch.log(T(ratios))
+
+
+# ---------------------------------------------------------------- clipped surrogate
+
+def test_surrogate_table_asymmetric_clip():
+    # clip_low 0.2, clip_high 0.28: ratio clipped into [0.8, 1.28]; l = max(-r A, -clip(r) A)
+    # row 0, A = +2: r 1.1 -> -2.2 (inside); 1.5 -> -2 * 1.28 = -2.56 (clipped high);
+    #                r 0.5 -> max(-1.0, -1.6) = -1.0 (A > 0: no clipping below); 1.25 -> -2.5 (inside)
+    # row 1, A = -1: r 1.5 -> max(1.5, 1.28) = 1.5 (A < 0: no clipping above); 0.5 -> max(0.5, 0.8) = 0.8
+    #                (clipped low); 0.9 -> 0.9 (inside); 0.75 -> 0.8 (clipped low)
+    logp = log_ratio([[1.1, 1.5, 0.5, 1.25], [1.5, 0.5, 0.9, 0.75]])
+    l, m = clipped_surrogate(logp, torch.zeros(2, 4), T([2, -1]), torch.ones(2, 4), clip_low=0.2, clip_high=0.28)
+    close(l, [[-2.2, -2.56, -1.0, -2.5], [1.5, 0.8, 0.9, 0.8]])
+    close(m["clip_frac"], 3 / 8)
+    close(m["clip_frac/high"], 1 / 8)
+    close(m["clip_frac/low"], 2 / 8)
+    close(m["clip_frac/dual"], 0.0)
+    # (1.1 + 1.5 + 0.5 + 1.25 + 1.5 + 0.5 + 0.9 + 0.75) / 8 = 8.0 / 8
+    close(m["ratio/mean"], 1.0)
+    close(m["ratio/max_abs_dev"], 0.5)
+
+
+def test_surrogate_symmetric_clip_clips_1_25():
+    # clip 0.2 / 0.2: r 1.25 with A = +2 -> -2 * 1.2 = -2.4, now clipped
+    l, m = clipped_surrogate(log_ratio([[1.25, 1.1]]), torch.zeros(1, 2), T([2]), torch.ones(1, 2),
+                             clip_low=0.2, clip_high=0.2)
+    close(l, [[-2.4, -2.2]])
+    close(m["clip_frac"], 0.5)
+
+
+def test_clip_frac_and_approx_kl_ignore_masked_actions():
+    # valid ratios [1.5, 0.5], masked ratio 5.0 (A > 0: would count as clipped high)
+    # approx_kl = mean of (r - 1) - log r: (0.5 - 0.4054651) = 0.0945349, (-0.5 + 0.6931472) = 0.1931472
+    #   -> 0.1438410
+    l, m = clipped_surrogate(log_ratio([[1.5, 0.5, 5.0]]), torch.zeros(1, 3), T([1]), T([[1, 1, 0]]),
+                             clip_low=0.2, clip_high=0.2)
+    close(l[:, :2], [[-1.2, -0.5]])
+    close(m["clip_frac"], 0.5)          # only the 1.5 (high); the 5.0 is masked
+    close(m["approx_kl"], 0.1438410)
+    close(m["ratio/mean"], 1.0)
+    close(m["ratio/max_abs_dev"], 0.5)
+
+
+def test_dual_clip():
+    # c = 3, clip 0.2 / 0.28:
+    #   A = -1, r = 10: max(10, 1.28) = 10 -> min(10, 3) = 3 (dual-clipped)
+    #   A = -1, r = 2:  max(2, 1.28) = 2 -> min(2, 3) = 2
+    #   A = +1, r = 10: max(-10, -1.28) = -1.28 (dual clip only for A < 0)
+    #   A = -2, r = 0.5: max(1.0, 1.6) = 1.6 -> min(1.6, 6) = 1.6
+    logp = log_ratio([[10.0], [2.0], [10.0], [0.5]])
+    l, m = clipped_surrogate(logp, torch.zeros(4, 1), T([-1, -1, 1, -2]), torch.ones(4, 1),
+                             clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    close(l, [[3.0], [2.0], [-1.28], [1.6]], atol=1e-4)
+    close(m["clip_frac/dual"], 0.25)
+    close(m["clip_frac/high"], 0.25)    # the A = +1, r = 10 action
+    close(m["clip_frac/low"], 0.25)     # the A = -2, r = 0.5 action
+    # without dual clip the first action's loss is 10
+    l, _ = clipped_surrogate(logp, torch.zeros(4, 1), T([-1, -1, 1, -2]), torch.ones(4, 1),
+                             clip_low=0.2, clip_high=0.28)
+    close(l[0], [10.0], atol=1e-4)
+
+
+def test_dual_clip_must_exceed_one():
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        clipped_surrogate(torch.zeros(1, 1), torch.zeros(1, 1), T([-1]), torch.ones(1, 1),
+                          clip_low=0.2, clip_high=0.2, dual_clip=1.0)
+
+
+def test_gspo_sequence_ratio():
+    # mask row 0 [1, 1, 0], row 1 [1, 1, 1]
+    # row 0 log r [0.1, 0.3, (5.0 masked)] -> mean 0.2 -> s = exp(0.2) = 1.2214028, A = +1
+    # row 1 log r [-0.3, 0, 0]             -> mean -0.1 -> s = exp(-0.1) = 0.9048374, A = -1
+    logp = T([[0.1, 0.3, 5.0], [-0.3, 0.0, 0.0]])
+    old, mask, adv = torch.zeros(2, 3), T([[1, 1, 0], [1, 1, 1]]), T([1, -1])
+    # clip 0.2 / 0.28: both inside -> l = -s A on every action of the sequence
+    l, m = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, level="sequence")
+    close(l, [[-1.2214028] * 3, [0.9048374] * 3])
+    close(m["clip_frac"], 0.0)
+    close(m["ratio/mean"], (2 * 1.2214028 + 3 * 0.9048374) / 5)
+    # GSPO's range 3e-4 / 4e-4: row 0 -> -(1 + 4e-4) = -1.0004 (high); row 1 -> max(0.9048, 0.9997) = 0.9997 (low)
+    l, m = clipped_surrogate(logp, old, adv, mask, clip_low=3e-4, clip_high=4e-4, level="sequence")
+    close(l, [[-1.0004] * 3, [0.9997] * 3])
+    close(m["clip_frac/high"], 2 / 5)
+    close(m["clip_frac/low"], 3 / 5)
+    close(m["clip_frac"], 1.0)
+    # token level on the same data differs: row 0 action 0 has r = exp(0.1) = 1.1051709
+    l, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, level="token")
+    close(l[0, 0], -1.1051709)
+
+
+def test_gspo_gradient_flows_through_the_sequence_mean():
+    # s = exp(mean_t log r), inside the clip range; d l_t / d logp_j = -A s / n_valid for valid j
+    logp = T([[0.1, 0.3, 5.0]]).requires_grad_()
+    l, _ = clipped_surrogate(logp, torch.zeros(1, 3), T([1]), T([[1, 1, 0]]), clip_low=0.2, clip_high=0.28,
+                             level="sequence")
+    l[0, 0].backward()
+    close(logp.grad, [[-1.2214028 / 2, -1.2214028 / 2, 0.0]])
+
+
+def test_unknown_ratio_level():
+    with pytest.raises(ValueError, match="ratio_level 'seq'.*token, sequence"):
+        clipped_surrogate(torch.zeros(1, 1), torch.zeros(1, 1), T([1]), torch.ones(1, 1),
+                          clip_low=0.2, clip_high=0.2, level="seq")
+
+
+@st.composite
+def batches(draw):
+    n, t = draw(st.integers(1, 4)), draw(st.integers(1, 5))
+    old = T(draw(st.lists(st.lists(st.floats(-10, 0, width=32), min_size=t, max_size=t), min_size=n, max_size=n)))
+    adv = T(draw(st.lists(st.floats(-5, 5, width=32), min_size=n, max_size=n)))
+    mask = T(draw(st.lists(st.lists(st.sampled_from([0.0, 1.0]), min_size=t, max_size=t), min_size=n, max_size=n)))
+    mask[0, 0] = 1.0
+    return old, adv, mask
+
+
+@FAST
+@given(b=batches(), clip_low=st.floats(1e-4, 0.5), clip_high=st.floats(1e-4, 0.5),
+       dual=st.sampled_from([None, 3.0]), level=st.sampled_from(["token", "sequence"]))
+def test_on_policy_loss_is_minus_advantage(b, clip_low, clip_high, dual, level):
+    old, adv, mask = b
+    l, m = clipped_surrogate(old.clone(), old, adv, mask, clip_low=clip_low, clip_high=clip_high,
+                             dual_clip=dual, level=level)
+    assert torch.equal(l, -adv[:, None].expand_as(l))
+    for k in ("clip_frac", "clip_frac/low", "clip_frac/high", "clip_frac/dual", "approx_kl", "ratio/max_abs_dev"):
+        assert float(m[k]) == 0.0, k
+    assert float(m["ratio/mean"]) == 1.0
+
+
+@FAST
+@given(b=batches())
+def test_on_policy_gradient_token_mean(b):
+    old, adv, mask = b
+    logp = old.clone().requires_grad_()
+    l, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    aggregate(l, mask, "token-mean").backward()
+    expected = -adv[:, None] * mask / mask.sum()
+    torch.testing.assert_close(logp.grad, expected, rtol=1e-5, atol=1e-7)
+    # the same through policy_loss
+    logp2 = old.clone().requires_grad_()
+    loss, _ = policy_loss(Scores(log_probs=logp2), old, adv, mask, None, LossSpec(clip_high=0.28))
+    loss.backward()
+    torch.testing.assert_close(logp2.grad, expected, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- aggregation
+# l = [[1, 2, 100], [4, 5, 6]], mask [[1, 1, 0], [1, 1, 1]] (the 100 is padding)
+L = T([[1, 2, 100], [4, 5, 6]])
+M = T([[1, 1, 0], [1, 1, 1]])
+AGG_TABLE = {
+    "token-mean": 3.6,                # (1 + 2 + 4 + 5 + 6) / 5 = 18 / 5
+    "seq-mean-token-mean": 3.25,      # (3 / 2 + 15 / 3) / 2 = (1.5 + 5) / 2
+    "seq-mean-token-sum": 9.0,        # (3 + 15) / 2
+    "seq-mean-token-sum-norm": 3.0,   # (3 / 3 + 15 / 3) / 2 with max_len = T = 3
+}
+
+
+@pytest.mark.parametrize("mode", sorted(AGG_TABLE))
+def test_aggregation_table(mode):
+    close(aggregate(L, M, mode), AGG_TABLE[mode])
+
+
+def test_aggregation_registry_is_covered():
+    assert set(AGGREGATIONS) == set(AGG_TABLE)
+    with pytest.raises(KeyError, match="unknown loss aggregation 'sum'.*algo.aggregation.*token-mean"):
+        aggregate(L, M, "sum")
+
+
+def test_seq_mean_token_sum_norm_constant():
+    # max_len 6: (3 / 6 + 15 / 6) / 2 = 1.5
+    close(aggregate(L, M, "seq-mean-token-sum-norm", Normalizer.of(M, max_len=6)), 1.5)
+    n = Normalizer.of(M)
+    assert (n.num_seqs, n.num_tokens, n.max_len, n.world_size) == (2, 5.0, 3, 1)
+
+
+def test_world_size_division():
+    # totals are global; each process's loss is multiplied by world_size so DDP's mean is right
+    norm = Normalizer(num_seqs=2, num_tokens=5, max_len=3, world_size=2)
+    expected = {"token-mean": 7.2, "seq-mean-token-mean": 6.5, "seq-mean-token-sum": 18.0,
+                "seq-mean-token-sum-norm": 6.0}
+    for mode, value in expected.items():
+        close(aggregate(L, M, mode, norm), value)
+
+
+_gen = torch.Generator().manual_seed(0)
+BIG_L = torch.randn(6, 5, generator=_gen)
+BIG_M = T([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("mode", sorted(AGG_TABLE))
+@pytest.mark.parametrize("split", [1, 2, 3, 5])
+def test_microbatch_losses_sum_to_full_batch_loss(mode, split):
+    full = aggregate(BIG_L, BIG_M, mode)
+    norm = Normalizer.of(BIG_M)
+    parts = aggregate(BIG_L[:split], BIG_M[:split], mode, norm) + aggregate(BIG_L[split:], BIG_M[split:], mode, norm)
+    close(parts, full)
+
+
+@pytest.mark.parametrize("mode", sorted(AGG_TABLE))
+def test_processes_average_to_full_batch_loss(mode):
+    # two processes, each with two microbatches; DDP averages the two processes' gradients
+    full = aggregate(BIG_L, BIG_M, mode)
+    g = Normalizer.of(BIG_M)
+    norm = Normalizer(g.num_seqs, g.num_tokens, g.max_len, world_size=2)
+    rank = [sum(aggregate(BIG_L[s], BIG_M[s], mode, norm) for s in (slice(a, a + 1), slice(a + 1, a + 3)))
+            for a in (0, 3)]
+    close((rank[0] + rank[1]) / 2, full)
+
+
+# ---------------------------------------------------------------- KL estimators
+
+def test_kl_estimators_by_hand():
+    # d = ref - logp = [0, 1, -1]
+    logp, ref = T([-1, -1, -2]), T([-1, 0, -3])
+    close(kl_k1(logp, ref), [0, -1, 1])                          # -d
+    close(kl_k2(logp, ref), [0, 0.5, 0.5])                        # d^2 / 2
+    close(kl_k3(logp, ref), [0, math.e - 2, math.exp(-1)])        # e^d - d - 1: [0, 0.7182818, 0.3678794]
+    close(kl_estimate(logp, ref, "k3"), [0, 0.7182818, 0.3678794])
+    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    with pytest.raises(KeyError, match="unknown KL estimator 'k4'.*algo.kl_estimator.*k1, k2, k3"):
+        kl_estimate(logp, ref, "k4")
+
+
+NEAR_ZERO = st.floats(-1e-3, 1e-3).map(lambda x: float(torch.tensor(x, dtype=torch.float32)))  # where k3 cancels
+
+
+@FAST
+@given(logp=st.floats(-20, 20, width=32), ref=st.one_of(st.floats(-20, 20, width=32), NEAR_ZERO))
+@example(logp=0.0, ref=3.1e-8)   # exp(3.1e-8) rounds to 1 in fp32, and 1 - 3.1e-8 rounds down
+def test_k3_is_nonnegative(logp, ref):
+    assert float(kl_estimate(T([logp]), T([ref]), "k3")[0]) >= 0.0
+
+
+# ---------------------------------------------------------------- policy_loss
+# one sample, T = 2, on-policy (ratio 1), A = 0.5 -> surrogate -0.5 per action
+OLD = T([[-1.0, -1.0]])
+ADV = T([0.5])
+MASK = T([[1, 1]])
+REF = T([[-1.0, 0.0]])       # d = [0, 1] -> k3 = [0, e - 2 = 0.7182818]
+
+
+def test_policy_loss_adds_beta_kl():
+    spec = LossSpec(kl_beta=0.1, kl_estimator="k3")
+    loss, m = policy_loss(Scores(log_probs=OLD.clone()), OLD, ADV, MASK, REF, spec)
+    # mean(-0.5, -0.5 + 0.1 * 0.7182818) = -0.4640859
+    close(loss, -0.4640859)
+    close(m["kl"], 0.3591409)
+    close(m["pg_loss"], -0.5)
+    # k1: d = [0, 1] -> k1 = [0, -1]: mean(-0.5, -0.6) = -0.55
+    loss, _ = policy_loss(Scores(log_probs=OLD.clone()), OLD, ADV, MASK, REF, LossSpec(kl_beta=0.1, kl_estimator="k1"))
+    close(loss, -0.55)
+
+
+def test_policy_loss_beta_zero_ignores_reference():
+    loss, m = policy_loss(Scores(log_probs=OLD.clone()), OLD, ADV, MASK, None, LossSpec())
+    close(loss, -0.5)
+    assert "kl" not in m
+
+
+def test_policy_loss_beta_without_reference_is_an_error():
+    with pytest.raises(ValueError, match="kl_beta > 0 but the policy gave no reference log-probs"):
+        policy_loss(Scores(log_probs=OLD.clone()), OLD, ADV, MASK, None, LossSpec(kl_beta=0.1))
+
+
+def test_scores_kl_overrides_the_estimator():
+    scores = Scores(log_probs=OLD.clone(), kl=T([[1.0, 1.0]]))
+    for ref in (None, REF):
+        loss, m = policy_loss(scores, OLD, ADV, MASK, ref, LossSpec(kl_beta=0.1))
+        close(loss, -0.4)            # mean(-0.5 + 0.1, -0.5 + 0.1)
+        close(m["kl"], 1.0)
+
+
+def test_entropy_bonus():
+    scores = Scores(log_probs=OLD.clone(), entropy=T([[2.0, 4.0]]))
+    loss, m = policy_loss(scores, OLD, ADV, MASK, None, LossSpec(entropy_coef=0.01))
+    close(loss, -0.53)               # mean(-0.5 - 0.02, -0.5 - 0.04)
+    close(m["entropy"], 3.0)
+    loss, m = policy_loss(scores, OLD, ADV, MASK, None, LossSpec())
+    close(loss, -0.5)                # coef 0: entropy only reported
+    close(m["entropy"], 3.0)
+    with pytest.raises(ValueError, match="entropy_coef != 0 but this policy does not compute entropies"):
+        policy_loss(Scores(log_probs=OLD.clone()), OLD, ADV, MASK, None, LossSpec(entropy_coef=0.01))
+
+
+def test_policy_loss_uses_the_given_normalizer():
+    # 2 valid actions in this microbatch, 8 in the step -> loss -0.5 * 2 / 8 = -0.125
+    loss, _ = policy_loss(Scores(log_probs=OLD.clone()), OLD, ADV, MASK, None, LossSpec(),
+                          Normalizer(num_seqs=4, num_tokens=8, max_len=2))
+    close(loss, -0.125)

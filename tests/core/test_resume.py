@@ -1,0 +1,47 @@
+"""Resume after SIGKILL continues exactly like an unbroken run (CPU, fixed seed)."""
+
+import os
+import signal
+import subprocess
+import time
+
+from conftest import BANDIT, mmrl_cmd
+from helpers import read_metrics
+
+COMMON = [BANDIT, "max_steps=24", "checkpoint.every=4", "eval.every=6", "policy.sleep_s=0.05",
+          "algo.kl_beta=0.05", "optim.schedule=cosine", "optim.warmup_steps=3"]
+
+
+def _without_time(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def _latest_step(run_dir) -> int:
+    try:
+        with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
+            return int(f.read().strip().split("_")[1])
+    except (FileNotFoundError, ValueError, IndexError):
+        return 0
+
+
+def test_resume_after_sigkill_matches_unbroken_run(tmp_path):
+    full, broken = tmp_path / "full", tmp_path / "broken"
+    subprocess.run(mmrl_cmd("train", *COMMON, f"output_dir={full}"), check=True, capture_output=True, timeout=180)
+
+    proc = subprocess.Popen(mmrl_cmd("train", *COMMON, f"output_dir={broken}"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while _latest_step(broken) < 8 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    time.sleep(0.1)  # kill somewhere after the step-8 checkpoint, mid-way through later steps
+    assert proc.poll() is None, "the run finished before it could be killed; raise policy.sleep_s"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = _latest_step(broken)
+    assert 8 <= killed_at < 24
+
+    subprocess.run(mmrl_cmd("train", *COMMON, f"output_dir={broken}", "resume=auto"),
+                   check=True, capture_output=True, timeout=180)
+    a, b = _without_time(read_metrics(full)), _without_time(read_metrics(broken))
+    assert [r["step"] for r in b] == [r["step"] for r in a]
+    assert a == b

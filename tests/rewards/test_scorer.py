@@ -1,0 +1,119 @@
+"""RewardSet: resolution, failure isolation, timeouts, and the errors that stop training."""
+
+import math
+import time
+
+import pytest
+
+import rewards
+from rewards.scorer import RewardError, RewardSet, parse_specs
+from rewards.sample import Sample
+
+
+def samples(n):
+    return [Sample(prompt=f"p{i}", output=str(i), id=f"sample {i}") for i in range(n)]
+
+
+def odd_fails(batch):
+    out = []
+    for s in batch:
+        if int(s.output) % 2:
+            raise ValueError(f"cannot score {s.output}")
+        out.append(1.0)
+    return out
+
+
+def test_parse_specs_reserved_keys_and_kwargs():
+    (spec,) = parse_specs([{"name": "numeric", "weight": 2, "label": "acc", "timeout_s": 3, "rel_tol": 0.1}])
+    assert (spec.name, spec.label, spec.weight, spec.timeout_s, spec.kwargs) == ("numeric", "acc", 2.0, 3.0,
+                                                                                  {"rel_tol": 0.1})
+    assert parse_specs(["format"])[0].label == "format"
+    assert parse_specs([{"name": "pkg.mod:my_fn"}])[0].label == "my_fn"
+    with pytest.raises(ValueError, match="used twice"):
+        parse_specs(["format", "format"])
+    with pytest.raises(ValueError, match=r"rewards\[0\]"):
+        parse_specs([{"weight": 1}])
+
+
+def test_raising_reward_is_isolated_per_sample(caplog):
+    rs = RewardSet(parse_specs([{"name": f"{__file__}:odd_fails", "label": "odd"}]))
+    scores, metrics = rs.score(samples(4))                      # [4, 1]
+    assert scores[:, 0].tolist()[0::2] == [1.0, 1.0]
+    assert all(math.isnan(v) for v in scores[:, 0].tolist()[1::2])
+    assert metrics["reward/odd/failed"] == 2 and metrics["reward/odd/mean"] == 1.0
+    assert "sample 1" in caplog.text and caplog.text.count("failed on") == 1   # first of its kind only
+
+
+def test_none_nan_inf_and_non_numbers_are_unscorable():
+    rs = RewardSet(parse_specs([{"name": f"{__file__}:weird", "max_fail_frac": 1.0}]))
+    scores, metrics = rs.score(samples(5))
+    assert scores[0, 0] == 1.0 and metrics["reward/weird/failed"] == 4
+
+
+def weird(batch):
+    return [1, None, float("nan"), float("inf"), "x"][: len(batch)]
+
+
+def test_too_many_failures_stop_with_the_first_error():
+    rs = RewardSet(parse_specs([{"name": f"{__file__}:odd_fails", "label": "odd", "max_fail_frac": 0.25}]))
+    with pytest.raises(RewardError, match=r"'odd' failed on 2 of 4 .*ValueError: cannot score"):
+        rs.score(samples(4))
+
+
+def short(batch):
+    return [0.0] * (len(batch) - 1)
+
+
+def test_wrong_length_stops_training():
+    rs = RewardSet(parse_specs([{"name": f"{__file__}:short"}]))
+    with pytest.raises(RewardError, match="returned 2 scores for 3 samples"):
+        rs.score(samples(3))
+
+
+def slow(batch):
+    time.sleep(2.0)
+    return [1.0] * len(batch)
+
+
+def test_timeout_marks_the_batch_unscorable():
+    rs = RewardSet(parse_specs([{"name": f"{__file__}:slow", "timeout_s": 0.2, "max_fail_frac": 1.0}]))
+    t0 = time.perf_counter()
+    scores, metrics = rs.score(samples(2))
+    assert time.perf_counter() - t0 < 1.5
+    assert metrics["reward/slow/failed"] == 2 and all(math.isnan(v) for v in scores[:, 0].tolist())
+
+
+def test_register_decorator_plain_and_factory():
+    @rewards.register("test_len_plus")
+    def length_plus(batch, bonus=0.0):
+        return [len(s.output) + bonus for s in batch]
+
+    @rewards.register("test_const", factory=True)
+    def const_factory(value=1.0):
+        return lambda batch: [value] * len(batch)
+
+    try:
+        assert rewards.resolve("test_len_plus", {"bonus": 1})(samples(2)) == [2.0, 2.0]
+        assert rewards.resolve("test_const", {"value": 3})(samples(2)) == [3, 3]
+        with pytest.raises(ValueError, match="already registered"):
+            rewards.register("test_const")(lambda b: b)
+    finally:
+        rewards.REGISTRY.pop("test_len_plus")
+        rewards.REGISTRY.pop("test_const")
+
+
+def test_resolution_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="unknown reward 'nope'.*format"):
+        rewards.resolve("nope")
+    with pytest.raises(ValueError, match="does not exist"):
+        rewards.resolve(str(tmp_path / "missing.py") + ":f")
+    with pytest.raises(ValueError, match="has no attribute"):
+        rewards.resolve("rewards.sample:nothing_here")
+    with pytest.raises(ValueError, match="cannot import module"):
+        rewards.resolve("no_such_module_xyz:f")
+
+
+def test_example_user_reward_file(repo_root):
+    fn = rewards.resolve(f"{repo_root}/examples/my_reward.py:small_numbers", {"scale": 8})
+    out = fn([Sample("p", "0 0"), Sample("p", "4 4"), Sample("p", "no digits"), Sample("p", "9")])
+    assert out == [1.0, 0.5, None, 0.0]
