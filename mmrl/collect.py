@@ -14,7 +14,7 @@ import torch
 from mmrl.advantages import combine
 from mmrl.data import prompt_seed
 from mmrl.dist import all_reduce
-from mmrl.filtering import FILTERS
+from mmrl.filtering import FILTERS, best_and_worst
 from mmrl.types import PromptBatch, Rollout, concat, select
 
 
@@ -48,6 +48,14 @@ def _round(run, step: int, rnd: int) -> tuple[Rollout, torch.Tensor, dict]:
     return rollout, scores, metrics
 
 
+def _best_of_n(rollout: Rollout, scores: torch.Tensor, weights: list, g: int, k: int):
+    """Keep the k best and k worst samples of each group; the group size becomes 2k."""
+    total = (scores * torch.tensor(weights)).sum(1)                      # [N]
+    cols = best_and_worst(_groups(total, g), k)                          # [P, 2k]
+    idx = (cols + torch.arange(cols.shape[0])[:, None] * g).reshape(-1)  # [P * 2k]
+    return select(rollout, idx), scores[idx], 2 * k
+
+
 def collect(run, step: int) -> StepBatch:
     cfg = run.cfg
     g, a = cfg.train.group_size, cfg.algo
@@ -76,6 +84,8 @@ def collect(run, step: int) -> StepBatch:
     rollout = concat(kept_rollouts)
     idx = torch.arange(n_common * g)
     rollout, scores = select(rollout, idx), torch.cat(kept_scores)[idx]
+    if a.best_of_n:
+        rollout, scores, g = _best_of_n(rollout, scores, run.rewards.weights, g, a.best_of_n)
     adv, reward = combine(scores, run.rewards.weights, group_size=g, estimator=a.advantage,
                           mode=a.reward_combine, eps=a.adv_eps, clip=a.adv_clip)
     first_metrics.update({"filter/kept_groups": n_common, "filter/rounds": rnd + 1,

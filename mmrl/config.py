@@ -68,6 +68,7 @@ class AlgoConfig:
     filter: str = "none"                  # none | dynamic (DAPO) | starpo (keep the highest-spread groups)
     filter_keep_frac: float = 0.5         # starpo: fraction of groups kept
     max_resample_rounds: int = 3          # dynamic: extra rollout rounds to fill the step
+    best_of_n: int = 0                    # keep the k best and k worst samples of each group (DanceGRPO); 0 = all
 
 
 @dataclass(frozen=True)

@@ -50,3 +50,24 @@ def top_spread(r: torch.Tensor, keep_frac: float = 0.5) -> torch.Tensor:
     keep = torch.zeros(p, dtype=torch.bool)
     keep[order[:k]] = True
     return keep
+
+
+def best_and_worst(r: torch.Tensor, k: int) -> torch.Tensor:
+    """Best-of-N (DanceGRPO, arXiv 2505.07818): per group, the k highest and k lowest
+    valid rewards. r [P, G] -> column indices [P, 2k] (highest first). Groups with fewer
+    than 2k valid rewards are filled with their unscorable samples (advantage 0 anyway)."""
+    p, g = r.shape
+    if not 1 <= k <= g // 2:
+        raise ValueError(f"algo.best_of_n must be between 1 and group_size/2 = {g // 2}, got {k}")
+    rows = []
+    for row in r:                                                       # [G]
+        valid = ~torch.isnan(row)
+        order = torch.sort(torch.where(valid, row, -torch.inf), descending=True, stable=True).indices
+        n_valid = int(valid.sum())
+        ranked = order[:n_valid].tolist()                               # valid, best first
+        if n_valid >= 2 * k:
+            chosen = ranked[:k] + ranked[n_valid - k:]
+        else:
+            chosen = ranked + order[n_valid:n_valid + 2 * k - n_valid].tolist()
+        rows.append(chosen)
+    return torch.tensor(rows, dtype=torch.long)                         # [P, 2k]

@@ -25,6 +25,7 @@ from mmrl.evaluation import evaluate
 from mmrl.metrics import MetricsSink, truncate_after
 from mmrl.policies import BuildContext, build_policy
 from mmrl.samples import write_samples
+from mmrl.summary import plot_rewards, read_rows, summary_text
 from mmrl.update import update
 
 log = logging.getLogger("mmrl")
@@ -191,3 +192,7 @@ def fit(run: Run) -> None:
                 _save(run, step + 1)
     finally:
         sink.close()
+    if main:
+        rows = read_rows(cfg.output_dir)
+        plot_rewards(cfg.output_dir, rows)
+        print(f"mmrl: {summary_text(rows)}", flush=True)

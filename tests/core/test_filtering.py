@@ -1,5 +1,6 @@
 """Group filters (none, dynamic, starpo) and group_spread, by hand."""
 
+import json
 import math
 from fractions import Fraction
 
@@ -8,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import run_bandit, train_rows
 from mmrl.filtering import FILTERS, group_spread
 
 NAN = float("nan")
@@ -96,3 +98,23 @@ def test_starpo_count_and_order(rows, pct):
 def test_every_filter_returns_bool_per_group(name):
     keep = FILTERS.get_item(name)(R, 0.5)
     assert keep.dtype == torch.bool and keep.shape == (R.shape[0],)
+
+
+def test_best_and_worst_by_hand():
+    from mmrl.filtering import best_and_worst
+
+    nan = float("nan")
+    r = torch.tensor([[0.1, 0.9, 0.5, 0.3, 0.7, 0.2],
+                      [1.0, nan, 0.0, nan, nan, 0.5]])
+    idx = best_and_worst(r, 2)
+    assert idx[0].tolist() == [1, 4, 5, 0]          # 0.9, 0.7 | 0.2, 0.1
+    assert idx[1].tolist() == [0, 5, 2, 1]          # only 3 valid: all of them, then an unscorable one
+    with pytest.raises(ValueError, match="best_of_n"):
+        best_and_worst(r, 4)
+
+
+def test_best_of_n_in_training_keeps_2k_per_group(tmp_path):
+    run_bandit(tmp_path, "max_steps=3", "algo.best_of_n=2", "logging.save_samples_every=1")
+    rows = [json.loads(line) for line in open(tmp_path / "samples" / "step_000001.jsonl")]
+    assert len(rows) == 4 * 4                        # P=4 groups x 2k=4
+    assert len(train_rows(tmp_path)) == 3

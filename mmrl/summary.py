@@ -1,0 +1,60 @@
+"""End-of-run report: a reward-curve PNG (train and eval) and a printed summary, both read
+from metrics.jsonl so they also cover resumed runs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def read_rows(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_rewards(run_dir: str, rows: list[dict]) -> str | None:
+    """Write `reward_curve.png`: train reward/mean and eval/reward/mean against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train, evals = _series(rows, "reward/mean"), _series(rows, "eval/reward/mean")
+    if not train[0] and not evals[0]:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    if train[0]:
+        ax.plot(*train, label="train reward/mean", alpha=0.7)
+    if evals[0]:
+        ax.plot(*evals, "o-", label="eval/reward/mean")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = os.path.join(run_dir, "reward_curve.png")
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def summary_text(rows: list[dict]) -> str:
+    """`train reward 0.12 -> 0.97 over 40 steps; eval reward 0.12 (step 0) -> 1.00 (step 40)`."""
+    parts = []
+    steps, train = _series(rows, "reward/mean")
+    if train:
+        k = max(1, min(5, len(train) // 4))
+        first, last = sum(train[:k]) / k, sum(train[-k:]) / k
+        parts.append(f"train reward {first:.3f} -> {last:.3f} (mean of first/last {k} steps, {len(train)} steps)")
+    esteps, evals = _series(rows, "eval/reward/mean")
+    if evals:
+        parts.append(f"eval reward {evals[0]:.3f} (step {esteps[0]}) -> {evals[-1]:.3f} (step {esteps[-1]})")
+    return "; ".join(parts) or "no rewards logged"
