@@ -7,3 +7,4 @@ clip:      clip_score, pickscore, hpsv2, aesthetic (factories; models load when 
 """
 
 from rewards.builtin import clip, grounding, image, text  # noqa: F401  (register on import)
+from rewards.shapes import verify  # noqa: F401,E402  (shapes_t2i, shapes_vlm)

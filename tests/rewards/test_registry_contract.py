@@ -41,6 +41,8 @@ SPECS = {
     "pickscore": ("image", lambda d: {"model": d["hf_clip"], "processor": d["hf_clip"]}),
     "hpsv2": ("image", lambda d: {"checkpoint": d["hps"], **tiny.tiny_clip_kwargs()}),
     "aesthetic": ("image", lambda d: {"checkpoint": d["mlp"], **tiny.tiny_clip_kwargs()}),
+    "shapes_t2i": ("shapes_image", lambda d: {}),
+    "shapes_vlm": ("shapes_text", lambda d: {}),
 }
 
 
@@ -64,8 +66,22 @@ def image_samples():
             Sample("a blue dog", Image.new("L", (30, 18), 128))]
 
 
-SAMPLES = {"text": text_samples, "box": box_samples, "image": image_samples}
-OTHER_KIND = {"text": "image", "box": "image", "image": "text"}
+def shapes_image_samples():
+    from rewards.shapes.tasks import render_prompt, t2i_prompt_space
+
+    specs = t2i_prompt_space()[:3]
+    return [Sample(s["prompt"], render_prompt(s, i), meta=s) for i, s in enumerate(specs)]
+
+
+def shapes_text_samples():
+    return [Sample("q", "<answer>2</answer>", answer="2", meta={"task": "count"}),
+            Sample("q", "<answer>red</answer>", answer="blue", meta={"task": "attribute"}),
+            Sample("q", "<answer>[0, 0, 4, 4]</answer>", answer=[0, 0, 8, 8], meta={"task": "grounding"})]
+
+
+SAMPLES = {"text": text_samples, "box": box_samples, "image": image_samples,
+           "shapes_image": shapes_image_samples, "shapes_text": shapes_text_samples}
+OTHER_KIND = {"text": "image", "box": "image", "image": "text", "shapes_image": "text", "shapes_text": "image"}
 
 
 @pytest.fixture(scope="module")
