@@ -90,7 +90,7 @@ class LoggingConfig:
     tensorboard: bool = False             # needs the `tensorboard` extra
     wandb: bool = False                   # needs the `wandb` extra
     wandb_project: str = "mmrl"
-    save_samples_every: int = 0           # write samples/step_XXXXXX.jsonl every K steps (0 = never)
+    save_samples_every: int = 0           # write samples/step_<step>.jsonl every K steps (0 = never)
 
 
 @dataclass(frozen=True)

@@ -90,8 +90,11 @@ class PromptSampler:
     position: int = 0
 
     def _perm(self) -> list[int]:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(self.size, generator=gen).tolist()
+        cached = getattr(self, "_cache", None)
+        if cached is None or cached[0] != self.epoch:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            self._cache = (self.epoch, torch.randperm(self.size, generator=gen).tolist())
+        return self._cache[1]
 
     def take(self, k: int) -> list[int]:
         if self.size < 1:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -37,6 +37,3 @@ class Registry(Generic[T], dict):
             self[name] = value
         return value
 
-
-def lookup(registry: Registry, name: str, field: str | None = None) -> Any:
-    return registry.get_item(name, field)
