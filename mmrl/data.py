@@ -38,7 +38,10 @@ def _call_source(ref: str, kwargs: dict) -> list[dict]:
         fn = _load_object(ref)
     except ValueError as e:
         raise ConfigError(f"data source: {e}") from None
-    rows = fn(**kwargs)
+    try:
+        rows = fn(**kwargs)
+    except (TypeError, ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"data source {ref!r} with arguments {sorted(kwargs)} failed: {e}") from None
     return list(rows)
 
 

@@ -31,6 +31,7 @@ class BuildContext:
     output_dir: str
     precision: str         # fp32 | bf16 | fp16
     accelerator: Any = None
+    kl_beta: float = 0.0   # algo.kl_beta: adapters skip building a reference when it is 0
 
 
 def policy_module(name: str):

@@ -74,6 +74,10 @@ def _lr_lambda(cfg: Config, total: int):
 
 def _resume_path(cfg: Config, ckpt_dir: str) -> str | None:
     if cfg.resume is None:
+        found = checkpoint.latest(ckpt_dir)
+        if found:
+            raise ConfigError(f"output_dir {cfg.output_dir!r} already holds a run ({os.path.basename(found)}); "
+                              "pass resume=auto to continue it, or another output_dir for a new run")
         return None
     if cfg.resume == "auto":
         return checkpoint.latest(ckpt_dir)
@@ -98,7 +102,7 @@ def setup(cfg: Config) -> Run:
     records = load_records(cfg.data.train, cfg.data.train_kwargs, "data.train")
     eval_records = (load_records(cfg.data.eval, cfg.data.eval_kwargs, "data.eval")
                     if cfg.data.eval and cfg.eval.every > 0 else None)
-    ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc)
+    ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc, cfg.algo.kl_beta)
     try:
         policy = build_policy(cfg.policy, ctx)
     except ValueError as e:
@@ -168,7 +172,7 @@ def fit(run: Run) -> None:
     if main:
         os.makedirs(os.path.join(cfg.output_dir, "samples"), exist_ok=True)
         checkpoint.write_text_atomic(os.path.join(cfg.output_dir, "config.yaml"), to_yaml(cfg))
-        truncate_after(os.path.join(cfg.output_dir, "metrics.jsonl"), run.start_step)
+        truncate_after(os.path.join(cfg.output_dir, "metrics.jsonl"), run.start_step if run.start_step else -1)
         print(f"mmrl: resolved config\n{to_yaml(cfg)}", flush=True)
     sink = MetricsSink(cfg.output_dir, cfg, cfg.max_steps, run.start_step, enabled=main)
     try:

@@ -104,3 +104,20 @@ def test_grad_accumulation_matches_single_microbatch(tmp_path, aggregation):
     assert (a.policy.net.theta - a.policy.ref).abs().max() > 1e-3
     torch.testing.assert_close(a.policy.net.theta, b.policy.net.theta, rtol=0, atol=1e-6)
     torch.testing.assert_close(a.policy.net.theta, c.policy.net.theta, rtol=0, atol=1e-6)
+
+
+def test_fresh_run_refuses_to_overwrite_a_finished_run(tmp_path):
+    from mmrl.config import ConfigError
+
+    run_bandit(tmp_path, "max_steps=2")
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run_bandit(tmp_path, "max_steps=2")
+    run_bandit(tmp_path, "max_steps=3", "resume=auto")
+    steps = [r["step"] for r in read_metrics(tmp_path)]
+    assert steps == [0, 1, 2, 3]                       # one eval row at step 0, no duplicates
+
+
+def test_a_new_run_in_a_dir_without_checkpoints_starts_a_clean_metrics_file(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "stale": 1}\n')
+    run_bandit(tmp_path, "max_steps=1")
+    assert all("stale" not in r for r in read_metrics(tmp_path))

@@ -1,0 +1,102 @@
+"""Model families: one class per diffusers pipeline, each with the same small surface.
+
+    load(model, opts) -> pipeline        from_pretrained(hub id or local folder)
+    Family(pipe, opts)                   .denoiser (the trainable module), .uncond, .uses_cfg, .lora_prefix
+    encode(prompts) -> [Cond]            frozen text encoders, once per prompt
+    schedule(S, rule) -> Schedule        plain tensors indexed by integer step
+    noise(n, generator) -> [n, ...]      initial latents
+    model_rows / forward                 the denoiser call that `common.predict` chunks and guides
+    decode(latents) -> [PIL.Image]       VAE decoding as the pipeline does it
+
+The family of a checkpoint is read from its model_index.json (`_class_name`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+FAMILIES = {"sd3": "diffusion.families.sd3:SD3Family", "sd": "diffusion.families.sd:SDFamily",
+            "flux": "diffusion.families.flux:FluxFamily"}
+PIPELINES = {"StableDiffusion3Pipeline": "sd3", "StableDiffusionPipeline": "sd", "FluxPipeline": "flux"}
+
+
+@dataclass(frozen=True)
+class FamilyOptions:
+    device: Any
+    dtype: Any                      # torch dtype of the frozen weights (text encoders, VAE, base denoiser)
+    height: int = 0                 # 0 = the model's default
+    width: int = 0
+    negative_prompt: str = ""
+    max_sequence_length: int = 256  # T5 tokens (sd3, flux)
+    prediction_type: Optional[str] = None
+    revision: Optional[str] = None
+    variant: Optional[str] = None
+
+
+def _import(ref: str):
+    import importlib
+
+    module, _, attr = ref.partition(":")
+    mod = importlib.import_module(module)
+    return getattr(mod, attr) if attr else mod
+
+
+def detect(model: str, revision: str | None = None) -> str:
+    """The family of a pipeline folder or hub id, from model_index.json's `_class_name`."""
+    index = os.path.join(model, "model_index.json")
+    if os.path.isdir(model):
+        if not os.path.isfile(index):
+            raise ValueError(f"config key 'policy.model': {model!r} has no model_index.json (not a diffusers pipeline)")
+        with open(index) as f:
+            name = json.load(f).get("_class_name", "")
+    elif model.startswith(("/", "./", "../", "~")):
+        raise ValueError(f"config key 'policy.model': folder {model!r} does not exist")
+    else:  # a hub id: diffusers fetches model_index.json
+        from diffusers import DiffusionPipeline
+
+        try:
+            name = DiffusionPipeline.load_config(model, revision=revision).get("_class_name", "")
+        except OSError as e:
+            raise ValueError(f"config key 'policy.model': cannot load {model!r} from the hub or cache: "
+                             f"{str(e).splitlines()[0]}") from None
+    if name not in PIPELINES:
+        raise ValueError(f"config key 'policy.model': pipeline {name!r} of {model!r} is not supported; "
+                         f"supported: {', '.join(PIPELINES)} (or set policy.family to one of {', '.join(FAMILIES)})")
+    return PIPELINES[name]
+
+
+def family_class(name: str):
+    if name not in FAMILIES:
+        raise ValueError(f"config key 'policy.family' must be auto or one of {', '.join(FAMILIES)}; got {name!r}")
+    return _import(FAMILIES[name])
+
+
+def lora_targets(name: str) -> list[str]:
+    """The family's default LoRA target modules (the LORA_TARGETS of its module)."""
+    return list(_import(FAMILIES[name].partition(":")[0]).LORA_TARGETS)
+
+
+def load(name: str, model: str, opts: FamilyOptions):
+    """Load the pipeline of family `name` from `model` and wrap it (text encoders and VAE frozen)."""
+    import warnings
+
+    from transformers.utils import logging as tlog
+
+    cls = family_class(name)
+    tlog.disable_progress_bar()
+    with warnings.catch_warnings():  # newer diffusers rename torch_dtype to dtype; older ones need torch_dtype
+        warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
+        try:
+            pipe = cls.load(model, opts).to(opts.device)
+        except OSError as e:  # missing files, no connection to the hub
+            raise ValueError(f"config key 'policy.model': cannot load {model!r}: {str(e).splitlines()[0]}") from None
+    pipe.set_progress_bar_config(disable=True)
+    for part in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae", "transformer", "unet"):
+        module = getattr(pipe, part, None)
+        if module is not None:
+            module.requires_grad_(False)
+            module.eval()
+    return cls(pipe, opts)

@@ -1,0 +1,104 @@
+"""What every model family shares: the schedule as plain tensors, prompt conditioning, the one
+`predict` (classifier-free guidance included) and the SDE step.
+
+`predict` feeds the denoiser in chunks of exactly `forward_batch` rows (the last chunk padded with
+copies of its first row). A row's output then depends only on that row's input and the fixed chunk
+size, never on which other rows share its forward or where it sits (matmul kernels are chosen by
+shape), so rollout and re-scoring agree bit for bit in fp32 and the on-policy ratio is exactly 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from diffusion.sde import SDEStep, ddim_sde_step, flow_sde_step
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A sampler of S steps as tensors indexed by integer step i in [0, S) (no timestep lookups).
+
+    rule:      flow_grpo | dance_grpo (flow matching: coef = sigma_i, coef_next = sigma_{i+1})
+               or epsilon | v_prediction (DDIM: coef = alphas_cumprod[t_i], coef_next = alpha of t_prev)
+    model_t:   [S] the timestep the denoiser is given at step i.
+    """
+
+    rule: str
+    model_t: Tensor     # [S]
+    coef: Tensor        # [S] fp32
+    coef_next: Tensor   # [S] fp32
+
+    def __len__(self) -> int:
+        return self.model_t.shape[0]
+
+    @property
+    def flow(self) -> bool:
+        return self.rule in ("flow_grpo", "dance_grpo")
+
+
+def sde_step(sched: Schedule, out: Tensor, x: Tensor, index: Tensor, noise_level: float,
+             prev_sample: Tensor | None = None, generator: torch.Generator | None = None) -> SDEStep:
+    """Step rows x [B, ...] at steps `index` [B] with the model output `out` [B, ...] (sample or score)."""
+    a, b = sched.coef[index], sched.coef_next[index]                          # [B], [B]
+    if sched.flow:
+        return flow_sde_step(out, x, a, b, noise_level=noise_level, schedule=sched.rule,
+                             prev_sample=prev_sample, generator=generator)
+    return ddim_sde_step(out, x, a, b, eta=noise_level, prediction_type=sched.rule,
+                         prev_sample=prev_sample, generator=generator)
+
+
+@dataclass(frozen=True)
+class Cond:
+    """The frozen text encoders' output for one prompt (tensors without a batch dim), computed once
+    and shared by reference by the prompt's samples, the rollout and every update."""
+
+    prompt: str
+    tensors: dict
+
+
+def stack(conds: list[Cond], key: str) -> Tensor:
+    return torch.stack([c.tensors[key] for c in conds])                        # [B, ...]
+
+
+def chunked_forward(forward: Callable[[dict], Tensor], rows: dict, chunk: int) -> Tensor:
+    """forward(rows) over batch-first tensors in chunks of exactly `chunk` rows -> [R, ...]."""
+    r = next(iter(rows.values())).shape[0]
+    outs = []
+    for lo in range(0, r, chunk):
+        part = {k: v[lo:lo + chunk] for k, v in rows.items()}
+        short = chunk - (min(lo + chunk, r) - lo)
+        if short:  # pad with copies of the chunk's first row: same shape, same kernels
+            part = {k: torch.cat([v, v[:1].expand(short, *v.shape[1:])]) for k, v in part.items()}
+        outs.append(forward(part)[:chunk - short])
+    return torch.cat(outs)                                                    # [R, ...]
+
+
+def predict(family, model, x: Tensor, index: Tensor, conds: list[Cond], sched: Schedule,
+            guidance: float, chunk: int) -> Tensor:
+    """The model output at rows x [B, ...], steps `index` [B], fp32; CFG (uncond + w (cond - uncond))
+    for families that use it when guidance > 1 (as in the diffusers pipelines)."""
+    cfg = family.uses_cfg and guidance > 1.0
+    if cfg:
+        x, index, conds = torch.cat([x, x]), torch.cat([index, index]), [family.uncond] * len(conds) + list(conds)
+    rows = family.model_rows(x, index, conds, sched, guidance)
+    out = chunked_forward(lambda part: family.forward(model, part).float(), rows, chunk)  # [B or 2B, ...]
+    if cfg:
+        uncond, text = out.chunk(2)                                           # [B, ...] each
+        out = uncond + guidance * (text - uncond)
+    return out
+
+
+def flow_schedule(scheduler, num_steps: int, rule: str, device, **set_kwargs) -> Schedule:
+    """Flow-matching schedule from a FlowMatchEulerDiscreteScheduler (shift / dynamic shift applied)."""
+    scheduler.set_timesteps(num_steps, device="cpu", **set_kwargs)
+    sigmas = scheduler.sigmas.float()                                         # [S + 1], sigmas[S] = 0
+    return Schedule(rule, scheduler.timesteps.float().to(device), sigmas[:-1].to(device), sigmas[1:].to(device))
+
+
+def to_pil(pipe, images: Tensor) -> list:
+    """Decoded images [B, 3, H, W] in [-1, 1] -> PIL images (the pipeline's image processor)."""
+    return pipe.image_processor.postprocess(images.float(), output_type="pil")

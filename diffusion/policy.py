@@ -1,0 +1,234 @@
+"""The diffusion policy: a diffusers text-to-image model whose SDE denoising steps are the actions.
+
+rollout:      G images per prompt; the log-prob of each trained step (T per sample, see timesteps.py)
+log_probs:    the same steps re-scored with grad through the one `predict` (ratio exactly 1 on-policy)
+KL:           exact Gaussian KL of the SDE step to the reference model's (LoRA disabled, or a frozen
+              copy for full fine-tuning), returned as `Scores.kl`; computed only when the trainer asks
+              for the reference (algo.kl_beta != 0), which it does once per step before the updates.
+save / load:  the trainable weights as one safetensors file (diffusers LoRA format for LoRA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from diffusion import families, timesteps, tiny
+from diffusion.families.common import Cond
+from diffusion.lora import LoraConfig, add_lora, export_lora, load_lora, save_lora
+from diffusion.sampler import Denoiser, denoise, rescore, scatter, transitions
+from diffusion.sde import FLOW_SCHEDULES, gaussian_kl
+from diffusion.timesteps import StepPlan, TimestepsConfig
+from mmrl.config import ConfigError
+from mmrl.types import PromptBatch, Rollout, Scores, concat
+from rewards.sample import Sample
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = "diffusion"
+    model: str = "tiny:sd3"               # hub id, local pipeline folder, or tiny:<sd3|sd|sd_v|flux> (tiny.py)
+    family: str = "auto"                  # auto (model_index.json) | sd3 | sd | flux
+    revision: Optional[str] = None        # hub revision / variant passed to from_pretrained
+    variant: Optional[str] = None
+    prompt_key: str = "prompt"            # record field holding the prompt text
+    negative_prompt: str = ""             # the unconditional prompt of CFG (encoded once)
+    height: int = 0                       # image size in pixels; 0 = the model's default
+    width: int = 0
+    max_sequence_length: int = 256        # T5 tokens (sd3, flux)
+    prediction_type: Optional[str] = None  # sd: epsilon | v_prediction; None = the scheduler config's
+    guidance_scale: float = 4.5           # CFG scale (sd3, sd; <= 1 disables CFG); flux: the guidance embedding
+    rollout_steps: int = 10               # S, denoising steps of a training rollout (denoising reduction)
+    eval_steps: int = 40                  # ODE steps of evaluation images
+    sde_schedule: str = "flow_grpo"       # flow families: flow_grpo (g = a sqrt(s/(1-s))) | dance_grpo (g = eta)
+    noise_level: float = 0.7              # a (flow_grpo), eta (dance_grpo), or DDIM eta (sd)
+    shared_noise: bool = False            # one initial noise per group (DanceGRPO), seeded from the prompt seed
+    timesteps: TimestepsConfig = field(default_factory=TimestepsConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    reference: bool = True                # full fine-tuning: keep a frozen copy for the KL (LoRA needs none)
+    gradient_checkpointing: bool = False
+    forward_batch: int = 8                # denoiser rows per forward, always exactly this many (padded)
+
+
+def _dtype(precision: str, device) -> torch.dtype:
+    if torch.device(device).type != "cuda":
+        return torch.float32  # CPU runs fp32 weights; the step math is fp32 everywhere
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+class DiffusionPolicy:
+    def __init__(self, cfg: Config, family, accelerator=None):
+        self.cfg, self.family, self.acc = cfg, family, accelerator
+        self.denoiser = family.denoiser
+        self.model = self.denoiser                       # the trainer may replace it with a wrapper
+        self.device = family.device
+        self.reference_model = None
+        self._kl_requested = False
+        self.sched = family.schedule(cfg.rollout_steps, cfg.sde_schedule)
+        self.eval_sched = family.schedule(cfg.eval_steps, cfg.sde_schedule)
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _autocast(self):
+        return self.acc.autocast() if self.acc is not None else contextlib.nullcontext()
+
+    def _denoiser(self, model, sched) -> Denoiser:
+        return Denoiser(self.family, model, sched, self.cfg.guidance_scale, self.cfg.forward_batch)
+
+    def encode(self, prompts: list[str]) -> dict[str, Cond]:
+        """Each distinct prompt through the frozen text encoders once, alone (batch 1), so its embedding
+        never depends on which other prompts this process happens to hold."""
+        return {p: self.family.encode([p])[0] for p in dict.fromkeys(prompts)}
+
+    def _prompt(self, row: dict) -> str:
+        if self.cfg.prompt_key not in row:
+            raise ValueError(f"config key 'policy.prompt_key': record has no field {self.cfg.prompt_key!r} "
+                             f"(fields: {', '.join(row)})")
+        return str(row[self.cfg.prompt_key])
+
+    def _sample(self, row, text, image, sid) -> Sample:
+        meta = {k: v for k, v in row.items() if k not in (self.cfg.prompt_key, "answer")}
+        return Sample(prompt=text, output=image, answer=row.get("answer"), meta=meta, id=sid)
+
+    # --- rollout -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
+        self._kl_requested = False
+        texts = [self._prompt(r) for r in prompts.rows]
+        conds = self.encode(texts)
+        parts = []
+        for p, (row, text, seed) in enumerate(zip(prompts.rows, texts, prompts.seeds)):
+            gen = torch.Generator(self.device).manual_seed(seed)            # initial noise and SDE noise
+            plan = timesteps.plan(self.cfg.timesteps, len(self.sched), group_size, prompts.step,
+                                  torch.Generator().manual_seed(seed))
+            x = self.family.noise(1 if self.cfg.shared_noise else group_size, gen)   # [1 or G, ...]
+            x = x.expand(group_size, *x.shape[1:]).contiguous()                      # [G, ...]
+            with self._autocast():
+                traj = denoise(self._denoiser(self.model, self.sched), x, [conds[text]] * group_size, plan,
+                               self.cfg.noise_level, gen)
+            images = self.family.decode(traj.final)
+            samples = [self._sample(row, text, im, f"step {prompts.step} prompt {prompts.index[p]} sample {g}")
+                       for g, im in enumerate(images)]
+            state = {"latents": traj.latents, "before": traj.before, "after": traj.after,
+                     "step_index": traj.step_index, "cond": [conds[text]] * group_size}
+            parts.append(Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask,
+                                 group=torch.zeros(group_size, dtype=torch.long), state=state))
+        return concat(parts)
+
+    # --- update ------------------------------------------------------------------------------
+    def log_probs(self, rollout: Rollout, index: torch.Tensor) -> Scores:
+        rows, cols, x, x_next, steps, conds = transitions(rollout.state, rollout.mask, index)
+        shape = (index.numel(), rollout.mask.shape[1])
+        step = rescore(self._denoiser(self.model, self.sched), x, x_next, steps, conds, self.cfg.noise_level)
+        kl = None
+        if self._kl_requested:
+            with torch.no_grad(), self._reference() as ref:
+                ref_step = rescore(self._denoiser(ref, self.sched), x, x_next, steps, conds, self.cfg.noise_level)
+            kl = scatter(gaussian_kl(step.mean, ref_step.mean, step.std), rows, cols, shape)  # [n, T]
+        return Scores(log_probs=scatter(step.log_prob, rows, cols, shape), kl=kl)
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """The reference denoiser: the frozen copy, or the LoRA model with its adapter disabled (called
+        through `self.model`, so a sharded wrapper still gathers its weights)."""
+        if self.reference_model is not None:
+            yield self.reference_model
+            return
+        self.denoiser.disable_adapters()
+        try:
+            yield self.model
+        finally:
+            self.denoiser.enable_adapters()
+
+    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor):
+        """Marks this step's updates to return the exact KL in `Scores.kl`; no log-probs (None)."""
+        if self.cfg.lora.rank == 0 and self.reference_model is None:
+            raise ConfigError("algo.kl_beta != 0 needs a reference model: set policy.reference=true "
+                             "(full fine-tuning keeps a frozen copy) or algo.kl_beta=0")
+        self._kl_requested = True
+        return None
+
+    def trainable_parameters(self):
+        return [p for p in self.denoiser.parameters() if p.requires_grad]
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        if self.cfg.lora.rank > 0:
+            save_lora(type(self.family.pipe), self.family.lora_prefix, self.denoiser, path)
+        else:
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.denoiser.state_dict().items()}, path)
+
+    def load(self, path: str) -> None:
+        if self.cfg.lora.rank > 0:
+            load_lora(self.family.lora_prefix, self.denoiser, path)
+        else:
+            from safetensors.torch import load_file
+
+            self.denoiser.load_state_dict(load_file(path, device=str(self.device)))
+
+    def export_lora(self, folder: str) -> str:
+        """Write a diffusers LoRA folder loadable with `pipe.load_lora_weights(folder)`."""
+        if self.cfg.lora.rank == 0:
+            raise ValueError("export_lora needs a LoRA policy (policy.lora.rank > 0); full fine-tuning saves weights")
+        return export_lora(type(self.family.pipe), self.family.lora_prefix, self.denoiser, folder)
+
+    # --- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate_eval(self, prompts: PromptBatch) -> list:
+        """One deterministic ODE image per prompt at `eval_steps`, initial noise from the prompt seed."""
+        texts = [self._prompt(r) for r in prompts.rows]
+        conds = self.encode(texts)
+        x = torch.cat([self.family.noise(1, torch.Generator(self.device).manual_seed(s)) for s in prompts.seeds])
+        n, s = x.shape[0], len(self.eval_sched)
+        ode = StepPlan(sde=torch.zeros(s, dtype=torch.bool), trained=torch.zeros(n, s, dtype=torch.bool))
+        with self._autocast():
+            traj = denoise(self._denoiser(self.model, self.eval_sched), x, [conds[t] for t in texts], ode, 0.0, None)
+        images = self.family.decode(traj.final)
+        return [self._sample(row, t, im, f"eval prompt {i}")
+                for row, t, im, i in zip(prompts.rows, texts, images, prompts.index)]
+
+
+def _validate(cfg: Config) -> None:
+    for key in ("rollout_steps", "eval_steps", "forward_batch"):
+        if getattr(cfg, key) < 1:
+            raise ValueError(f"config key 'policy.{key}' must be >= 1, got {getattr(cfg, key)}")
+    if cfg.sde_schedule not in FLOW_SCHEDULES:
+        raise ValueError(f"config key 'policy.sde_schedule' must be one of {', '.join(FLOW_SCHEDULES)}; "
+                         f"got {cfg.sde_schedule!r}")
+    if cfg.noise_level < 0:
+        raise ValueError(f"config key 'policy.noise_level' must be >= 0, got {cfg.noise_level}")
+    timesteps.validate(cfg.timesteps, cfg.rollout_steps)
+
+
+def _setup_training(policy: DiffusionPolicy, cfg: Config, name: str) -> None:
+    den = policy.denoiser
+    if cfg.lora.rank > 0:
+        add_lora(den, cfg.lora, list(cfg.lora.target_modules) or families.lora_targets(name))
+    else:  # full fine-tuning: fp32 master weights, frozen copy of the start as the KL reference
+        if cfg.reference:
+            policy.reference_model = copy.deepcopy(den).requires_grad_(False).eval()
+        den.float().requires_grad_(True)
+    if cfg.gradient_checkpointing:
+        den.enable_gradient_checkpointing()
+
+
+def build(cfg: Config, ctx) -> DiffusionPolicy:
+    _validate(cfg)
+    from diffusers.utils import logging as dlog
+
+    dlog.disable_progress_bar()
+    model = tiny.resolve(cfg.model)
+    name = families.detect(model, cfg.revision) if cfg.family == "auto" else cfg.family
+    opts = families.FamilyOptions(device=ctx.device, dtype=_dtype(ctx.precision, ctx.device), height=cfg.height,
+                                  width=cfg.width, negative_prompt=cfg.negative_prompt,
+                                  max_sequence_length=cfg.max_sequence_length, prediction_type=cfg.prediction_type,
+                                  revision=cfg.revision, variant=cfg.variant)
+    family = families.load(name, model, opts)
+    policy = DiffusionPolicy(cfg, family, ctx.accelerator)
+    _setup_training(policy, cfg, name)
+    return policy

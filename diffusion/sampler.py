@@ -1,0 +1,108 @@
+"""The denoising loop of a rollout, and the replay state it leaves behind.
+
+`denoise` runs S steps from x_S (noise) to x_0, SDE on the plan's stochastic steps and ODE elsewhere,
+and records only the latents that the trained steps need: for each sample, the input and output
+of each trained step, deduplicated (a step's output is the next step's input). `rescore` recomputes
+the log-probs of those stored transitions (with grad) through the same `predict` and `sde_step`.
+
+Notation: S rollout steps; T trained steps of a sample (a subset of the S); U stored latents per
+sample (<= min(2T, S + 1)); B samples in the batch; M = number of valid (sample, trained step) pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from diffusion.families.common import Schedule, predict, sde_step
+from diffusion.sde import SDEStep
+from diffusion.timesteps import StepPlan, trained_index
+
+
+@dataclass(frozen=True)
+class Trajectories:
+    final: Tensor        # [B, ...] x_0, the latents to decode
+    latents: Tensor      # [B, U, ...] the stored latents
+    before: Tensor       # [B, T] slot in `latents` of each trained step's input
+    after: Tensor        # [B, T] slot of its output
+    step_index: Tensor   # [B, T] denoising step of each trained transition
+    mask: Tensor         # [B, T] 1 for real transitions, 0 for padding
+    log_probs: Tensor    # [B, T] log-prob of each trained transition at sampling time
+
+
+@dataclass(frozen=True)
+class Denoiser:
+    """How to call the model: everything `predict` needs besides the rows."""
+
+    family: object
+    model: object        # the (possibly accelerate-wrapped) denoiser, or the reference
+    sched: Schedule
+    guidance: float
+    chunk: int           # rows per forward (common.predict)
+
+
+def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: float,
+            generator: torch.Generator | None) -> Trajectories:
+    """Sample B trajectories from x [B, ...] (x_S), conditioned on `conds` (one Cond per row)."""
+    b, s = x.shape[0], len(d.sched)
+    need = torch.zeros(b, s + 1, dtype=torch.bool)                           # [B, S + 1] latents to keep
+    need[:, :s] |= plan.trained
+    need[:, 1:] |= plan.trained
+    kept, logp = {}, torch.zeros(b, s)                                        # position -> [B, ...]; [B, S]
+    for i in range(s):
+        if need[:, i].any():
+            kept[i] = x
+        index = torch.full((b,), i, dtype=torch.long, device=x.device)       # [B]
+        out = predict(d.family, d.model, x, index, conds, d.sched, d.guidance, d.chunk)  # [B, ...]
+        step = sde_step(d.sched, out, x, index, noise_level if bool(plan.sde[i]) else 0.0, generator=generator)
+        logp[:, i] = step.log_prob.cpu()
+        x = step.prev_sample
+    if need[:, s].any():
+        kept[s] = x
+    return _pack(x, kept, need, plan.trained, logp)
+
+
+def _pack(final: Tensor, kept: dict, need: Tensor, trained: Tensor, logp: Tensor) -> Trajectories:
+    """Per sample, stack its needed latents into slots and map each trained step to its two slots."""
+    b = final.shape[0]
+    index, mask = trained_index(trained)                                      # [B, T], [B, T]
+    u = int(need.sum(1).max()) if need.any() else 0
+    latents = final.new_zeros(b, u, *final.shape[1:])                         # [B, U, ...]
+    slot = torch.full(need.shape, -1, dtype=torch.long)                       # [B, S + 1] position -> slot
+    for i in range(b):
+        positions = torch.nonzero(need[i]).squeeze(1).tolist()
+        for j, pos in enumerate(positions):
+            latents[i, j] = kept[pos][i]
+            slot[i, pos] = j
+    rows = torch.arange(b)[:, None]                                           # [B, 1]
+    before = torch.where(mask > 0, slot[rows, index], 0)                      # [B, T]
+    after = torch.where(mask > 0, slot[rows, index + 1], 0)                   # [B, T]
+    old = torch.where(mask > 0, logp.gather(1, index), 0.0)                   # [B, T]
+    dev = final.device
+    return Trajectories(final, latents, before.to(dev), after.to(dev), index.to(dev), mask.to(dev), old.to(dev))
+
+
+def transitions(state: dict, mask: Tensor, idx: Tensor):
+    """The valid transitions of samples `idx`: (rows, cols) [M] into [n, T], x and x' [M, ...], steps [M]."""
+    dev = state["latents"].device
+    idx = idx.to(dev)
+    lat = state["latents"][idx]                                               # [n, U, ...]
+    rows, cols = torch.nonzero(mask[idx.to(mask.device)].to(dev) > 0, as_tuple=True)  # [M], [M]
+    x = lat[rows, state["before"][idx][rows, cols]]                           # [M, ...]
+    x_next = lat[rows, state["after"][idx][rows, cols]]                       # [M, ...]
+    steps = state["step_index"][idx][rows, cols]                              # [M]
+    conds = [state["cond"][i] for i in idx[rows].tolist()]
+    return rows, cols, x, x_next, steps, conds
+
+
+def rescore(d: Denoiser, x: Tensor, x_next: Tensor, steps: Tensor, conds: list, noise_level: float) -> SDEStep:
+    """Score the stored transitions x -> x_next [M, ...] at steps [M] (with grad if enabled)."""
+    out = predict(d.family, d.model, x, steps, conds, d.sched, d.guidance, d.chunk)  # [M, ...]
+    return sde_step(d.sched, out, x, steps, noise_level, prev_sample=x_next)
+
+
+def scatter(values: Tensor, rows: Tensor, cols: Tensor, shape: tuple) -> Tensor:
+    """[M] values -> [n, T] with zeros at padding (differentiable)."""
+    return torch.zeros(shape, dtype=values.dtype, device=values.device).index_put((rows, cols), values)

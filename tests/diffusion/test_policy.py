@@ -1,0 +1,181 @@
+"""The diffusion policy on tiny models, in-process: on-policy ratio, stored state, noise sharing,
+prompt encoding, KL, evaluation and parity of the ODE sampler with the diffusers pipelines."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from diffusion_helpers import FAMILIES, build, perturb_lora, prompts
+from diffusion.families.common import predict
+from mmrl.types import select
+
+TEXTS = ["a red circle", "a blue square"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def rolled(request):
+    """A perturbed-LoRA policy of each family and one rollout of 2 prompts x 3 samples."""
+    policy = build(request.param, "timesteps.select=all", "forward_batch=4")
+    perturb_lora(policy)
+    return policy, policy.rollout(prompts(TEXTS), group_size=3)
+
+
+def test_rollout_shapes_and_samples(rolled):
+    policy, ro = rolled
+    s = policy.cfg.rollout_steps
+    assert ro.log_probs.shape == ro.mask.shape == (6, s) and bool((ro.mask == 1).all())
+    assert ro.group.tolist() == [0, 0, 0, 1, 1, 1] and ro.group_size == 3
+    assert all(isinstance(x.output, Image.Image) and x.images == [] for x in ro.samples)
+    assert [x.prompt for x in ro.samples] == [TEXTS[0]] * 3 + [TEXTS[1]] * 3
+    assert torch.isfinite(ro.log_probs).all() and bool((ro.log_probs != 0).all())
+
+
+def test_on_policy_ratio_is_exactly_one(rolled):
+    """Re-scoring with other batch compositions reproduces the rollout log-probs bit for bit."""
+    policy, ro = rolled
+    for idx in (torch.tensor([4, 0, 5]), torch.tensor([2]), torch.arange(6).flip(0)):
+        new = policy.log_probs(ro, idx).log_probs
+        assert torch.equal(new, ro.log_probs[idx]), (new - ro.log_probs[idx]).abs().max()
+
+
+def test_log_probs_have_gradients(rolled):
+    policy, ro = rolled
+    policy.log_probs(ro, torch.tensor([1, 3])).log_probs.sum().backward()
+    grads = [p.grad for p in policy.trainable_parameters()]
+    assert any(g is not None and bool(g.abs().sum() > 0) for g in grads)
+    for p in policy.trainable_parameters():
+        p.grad = None
+
+
+def test_exact_kl_to_reference(rolled):
+    policy, ro = rolled
+    assert policy.reference_log_probs(ro, torch.arange(6)) is None
+    scores = policy.log_probs(ro, torch.arange(3))
+    assert scores.kl.shape == (3, policy.cfg.rollout_steps) and bool((scores.kl >= 0).all())
+    assert float(scores.kl.detach().sum()) > 0  # perturbed LoRA vs the adapter disabled
+    policy._kl_requested = False
+
+
+def test_kl_is_zero_at_the_lora_start():
+    policy = build("sd3")
+    ro = policy.rollout(prompts(TEXTS[:1]), group_size=2)
+    policy.reference_log_probs(ro, torch.arange(2))
+    assert torch.equal(policy.log_probs(ro, torch.arange(2)).kl, torch.zeros(2, 3))
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_state_keeps_only_needed_latents(kind):
+    """A window of 2 of 6 steps stores 3 latents per sample, not S + 1 = 7."""
+    policy = build(kind, "rollout_steps=6", "timesteps.select=window", "timesteps.window_size=2")
+    ro = policy.rollout(prompts(TEXTS[:1], step=3), group_size=2)
+    lat = ro.state["latents"]                                               # [N, U, ...]
+    assert lat.shape[1] == 3
+    per_latent = lat[0, 0].numel() * lat.element_size()
+    stored = sum(v.numel() * v.element_size() for v in ro.state.values() if torch.is_tensor(v))
+    assert stored < 0.5 * ro.log_probs.shape[0] * 7 * per_latent
+    assert ro.state["step_index"].tolist() == [[3, 4], [3, 4]]              # window start 3 at step 3
+    # a trained step's output slot is the next one's input slot (chain deduplicated)
+    assert torch.equal(ro.state["after"][:, 0], ro.state["before"][:, 1])
+
+
+def test_shared_noise_within_groups_only():
+    policy = build("sd3", "shared_noise=true", "timesteps.select=all")
+    ro = policy.rollout(prompts(TEXTS), group_size=2)
+    x0 = ro.state["latents"][:, 0]                                          # x_S, the initial noise
+    assert torch.equal(x0[0], x0[1]) and torch.equal(x0[2], x0[3]) and not torch.equal(x0[0], x0[2])
+    assert not torch.equal(ro.state["latents"][0, -1], ro.state["latents"][1, -1])  # SDE noise differs
+    private = build("sd3", "shared_noise=false", "timesteps.select=all").rollout(prompts(TEXTS), group_size=2)
+    assert not torch.equal(private.state["latents"][0, 0], private.state["latents"][1, 0])
+
+
+def test_sampling_depends_on_the_prompt_seed_only():
+    """Rank independence: a prompt's samples do not change with the other prompts of the batch."""
+    policy = build("sd3")
+    both = policy.rollout(prompts(TEXTS, seeds=[7, 8]), group_size=2)
+    alone = policy.rollout(prompts(TEXTS[1:], seeds=[8]), group_size=2)
+    assert torch.equal(select(both, torch.tensor([2, 3])).state["latents"], alone.state["latents"])
+    assert torch.equal(both.log_probs[2:], alone.log_probs)
+
+
+def _count_rows(module, calls):
+    forward = module.forward
+
+    def counted(input_ids=None, *args, **kwargs):
+        calls.append(input_ids.shape[0])
+        return forward(input_ids, *args, **kwargs)
+
+    module.forward = counted
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux", "sd"])
+def test_text_encoders_run_once_per_prompt(kind):
+    policy = build(kind)
+    pipe = policy.family.pipe
+    encoders = [m for m in (pipe.text_encoder, getattr(pipe, "text_encoder_2", None),
+                            getattr(pipe, "text_encoder_3", None)) if m is not None]
+    calls = {i: [] for i in range(len(encoders))}
+    for i, m in enumerate(encoders):
+        _count_rows(m, calls[i])
+    ro = policy.rollout(prompts(TEXTS + TEXTS[:1]), group_size=3)           # 3 prompts, 2 distinct
+    assert all(sum(c) == 2 for c in calls.values()), calls
+    policy.reference_log_probs(ro, torch.arange(9))
+    policy.log_probs(ro, torch.arange(9))
+    assert all(sum(c) == 2 for c in calls.values()), calls                   # updates reuse them
+    assert ro.state["cond"][0] is ro.state["cond"][1] is ro.state["cond"][6]
+
+
+def test_generate_eval_is_deterministic_ode():
+    policy = build("sd3")
+    a = policy.generate_eval(prompts(TEXTS, seeds=[3, 4], step=-1))
+    b = policy.generate_eval(prompts(TEXTS, seeds=[3, 4], step=-1))
+    assert [x.prompt for x in a] == TEXTS and all(isinstance(x.output, Image.Image) for x in a)
+    assert all(np.array_equal(np.asarray(x.output), np.asarray(y.output)) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_ode_sampler_matches_the_diffusers_pipeline(kind):
+    """Zero noise through our predict / schedule equals the pipeline's own loop from the same latents."""
+    from diffusion.sampler import Denoiser, denoise
+    from diffusion.timesteps import StepPlan
+
+    policy = build(kind, "lora.rank=0", "reference=false")
+    fam, steps, g = policy.family, 5, policy.cfg.guidance_scale
+    x = fam.noise(1, torch.Generator().manual_seed(0))
+    sched = fam.schedule(steps, policy.cfg.sde_schedule)
+    ode = StepPlan(sde=torch.zeros(steps, dtype=torch.bool), trained=torch.zeros(1, steps, dtype=torch.bool))
+    with torch.no_grad():
+        ours = denoise(Denoiser(fam, policy.model, sched, g, 4), x, list(policy.encode(TEXTS[:1]).values()),
+                       ode, 0.0, None).final
+    kwargs = dict(height=fam.height, width=fam.width) if kind == "flux" else {}
+    if kind in ("sd3", "flux"):
+        kwargs["max_sequence_length"] = policy.cfg.max_sequence_length
+    if kind in ("sd", "sd_v"):
+        kwargs["eta"] = 0.0
+    ref = fam.pipe(TEXTS[0], latents=x.clone(), num_inference_steps=steps, guidance_scale=g,
+                   output_type="latent", **kwargs).images
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_predict_rows_do_not_depend_on_their_batch():
+    """The padded fixed-size chunks make one row's output independent of the rows around it."""
+    policy = build("sd", "lora.rank=0", "reference=false")
+    fam = policy.family
+    x = fam.noise(5, torch.Generator().manual_seed(0))
+    idx = torch.tensor([0, 1, 2, 3, 0])
+    conds = list(policy.encode(["a red circle"] * 5).values()) * 5
+    with torch.no_grad():
+        full = predict(fam, policy.model, x, idx, conds, policy.sched, 4.5, 4)
+        one = predict(fam, policy.model, x[3:4], idx[3:4], conds[:1], policy.sched, 4.5, 4)
+    assert torch.equal(full[3:4], one)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    grads = []
+    for flag in ("false", "true"):
+        policy = build("sd3", f"gradient_checkpointing={flag}")
+        perturb_lora(policy)
+        ro = policy.rollout(prompts(TEXTS[:1]), group_size=2)
+        policy.log_probs(ro, torch.arange(2)).log_probs.sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.trainable_parameters()]))
+    torch.testing.assert_close(grads[0], grads[1])
