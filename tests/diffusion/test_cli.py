@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 from conftest import mmrl_cmd
@@ -65,6 +66,9 @@ def test_eval_samples_written(run):
         for s in samples:
             assert s["output"].endswith(".png") and os.path.isfile(os.path.join(out, "samples", s["output"]))
             assert s["scores"]["jpeg_compressibility"] is not None
+        grid = Image.open(os.path.join(out, "samples", f"eval_step_{step:06d}_grid.png"))
+        one = Image.open(os.path.join(out, "samples", samples[0]["output"]))
+        assert grid.size == (2 * one.size[0], one.size[1])        # the two eval images side by side
 
 
 def test_lora_weights_change(run):
