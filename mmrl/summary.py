@@ -58,3 +58,57 @@ def summary_text(rows: list[dict]) -> str:
     if evals:
         parts.append(f"eval reward {evals[0]:.3f} (step {esteps[0]}) -> {evals[-1]:.3f} (step {esteps[-1]})")
     return "; ".join(parts) or "no rewards logged"
+
+
+def _eval_files(run_dir: str) -> list[str]:
+    folder = os.path.join(run_dir, "samples")
+    if not os.path.isdir(folder):
+        return []
+    return sorted(os.path.join(folder, n) for n in os.listdir(folder)
+                  if n.startswith("eval_step_") and n.endswith(".jsonl"))
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _cell(value) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")[:120]
+
+
+def before_after(run_dir: str) -> str | None:
+    """Compare the first and last evaluations: `before_after.png` (both image grids, one
+    above the other) when outputs are images, else `before_after.md` (a table of answers)."""
+    files = _eval_files(run_dir)
+    if len(files) < 2:
+        return None
+    first, last = files[0], files[-1]
+    grids = [os.path.splitext(p)[0] + "_grid.png" for p in (first, last)]
+    if all(os.path.isfile(g) for g in grids):
+        from PIL import Image, ImageDraw
+
+        a, b = (Image.open(g).convert("RGB") for g in grids)
+        scale = max(1, -(-256 // max(a.width, b.width)))          # small grids are enlarged (nearest)
+        a, b = (im.resize((im.width * scale, im.height * scale), Image.NEAREST) for im in (a, b))
+        pad = 12
+        out = Image.new("RGB", (max(a.width, b.width, 160), a.height + b.height + 2 * pad), "white")
+        draw = ImageDraw.Draw(out)
+        draw.text((2, 0), f"before ({os.path.basename(first)[5:-6]})", fill="black")
+        out.paste(a, (0, pad))
+        draw.text((2, a.height + pad), f"after ({os.path.basename(last)[5:-6]})", fill="black")
+        out.paste(b, (0, a.height + 2 * pad))
+        path = os.path.join(run_dir, "before_after.png")
+        out.save(path)
+        return path
+    rows_a, rows_b = _read_jsonl(first), _read_jsonl(last)
+    lines = [f"# Held-out answers: {os.path.basename(first)} vs {os.path.basename(last)}", "",
+             "| prompt | answer | before | before score | after | after score |", "|---|---|---|---|---|---|"]
+    for ra, rb in zip(rows_a, rows_b):
+        lines.append("| " + " | ".join(_cell(v) for v in (ra["prompt"], ra.get("answer"), ra["output"], ra["scores"],
+                                                          rb["output"], rb["scores"])) + " |")
+    path = os.path.join(run_dir, "before_after.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path

@@ -25,7 +25,7 @@ from mmrl.evaluation import evaluate
 from mmrl.metrics import MetricsSink, truncate_after
 from mmrl.policies import BuildContext, build_policy
 from mmrl.samples import write_samples
-from mmrl.summary import plot_rewards, read_rows, summary_text
+from mmrl.summary import before_after, plot_rewards, read_rows, summary_text
 from mmrl.update import update
 
 log = logging.getLogger("mmrl")
@@ -199,4 +199,5 @@ def fit(run: Run) -> None:
     if main:
         rows = read_rows(cfg.output_dir)
         plot_rewards(cfg.output_dir, rows)
+        before_after(cfg.output_dir)
         print(f"mmrl: {summary_text(rows)}", flush=True)

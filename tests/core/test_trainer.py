@@ -33,8 +33,8 @@ def test_on_policy_ratio_is_exactly_one_at_first_inner_step(tmp_path):
 
 
 def test_run_directory_and_metric_contract(tmp_path):
-    run_bandit(tmp_path, "max_steps=4", "algo.kl_beta=0.1", "logging.save_samples_every=2")
-    for name in ("config.yaml", "metrics.jsonl", "checkpoints", "samples"):
+    run_bandit(tmp_path, "max_steps=4", "algo.kl_beta=0.1", "logging.save_samples_every=2", "eval.every=2")
+    for name in ("config.yaml", "metrics.jsonl", "checkpoints", "samples", "reward_curve.png", "before_after.md"):
         assert os.path.exists(tmp_path / name), name
     rows = train_rows(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
