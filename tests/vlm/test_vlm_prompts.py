@@ -1,0 +1,69 @@
+"""Prompt building: format instruction, system prompt, image placement, chat templates of both families."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmrl.types import PromptBatch
+from vlm.prompts import R1_INSTRUCTION, build_messages, format_text
+
+
+def test_format_text():
+    assert format_text("Find x.", "r1") == f"Find x.\n{R1_INSTRUCTION}"
+    assert format_text("Find x.", "none") == "Find x."
+    assert format_text("Find x.", "Q: {prompt} A:") == "Q: Find x. A:"
+    assert "<think>" in R1_INSTRUCTION and "<answer>" in R1_INSTRUCTION
+
+
+def test_images_go_to_their_marks_or_first():
+    msgs = build_messages("Compare <image> and <image>.", 2, "Be brief.")
+    assert msgs[0] == {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
+    assert [c["type"] for c in msgs[1]["content"]] == ["text", "image", "text", "image", "text"]
+    assert [c["type"] for c in build_messages("Count.", 2, None)[0]["content"]] == ["image", "image", "text"]
+
+
+@pytest.mark.parametrize("family, image_text", [("qwen2_5_vl", "<|vision_start|><|image_pad|>"), ("llava", "USER: <image>")])
+def test_chat_template_places_images(make_policy, family, image_text):
+    policy = make_policy(family, system_prompt="You count things.")
+    row = {"prompt": "<image> How many?", "images": [_png()], "answer": "1"}
+    item = policy._prompts(PromptBatch(rows=[row], index=[0], seeds=[0], step=0))[0]
+    text = policy.p.tokenizer.decode(item.input_ids)
+    assert "You count things." in text and image_text in text and R1_INSTRUCTION[:20] in text
+    assert text.index("How many?") > text.index(image_text)
+    assert item.n_image_tokens == int((item.input_ids == policy.p.image_token_id).sum()) > 0
+
+
+def test_row_system_prompt_wins_and_text_only_rows_work(make_policy):
+    policy = make_policy("qwen2_5_vl", system_prompt="global", format_prompt="none", max_new_tokens=2)
+    rows = [{"prompt": "Say hi.", "answer": "hi", "system": "local"}]
+    ro = policy.rollout(PromptBatch(rows=rows, index=[0], seeds=[0], step=0), group_size=2)
+    text = policy.p.tokenizer.decode(ro.state["prompt"][0].input_ids)
+    assert "local" in text and "global" not in text and R1_INSTRUCTION[:20] not in text
+    assert ro.samples[0].images == [] and ro.samples[0].meta["resize"] == []
+
+
+def _png():
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (9, 9, 200)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_dataloader_workers_prepare_the_same_prompts(make_policy, counting_rows):
+    import torch
+
+    from mmrl.config import ConfigError
+
+    batch = PromptBatch(rows=counting_rows[:3], index=[0, 1, 2], seeds=[0] * 3, step=0)
+    serial = make_policy("qwen2_5_vl")._prompts(batch)
+    policy = make_policy("qwen2_5_vl", image_workers=2)
+    parallel = policy._prompts(batch)
+    assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(serial, parallel))
+    assert all(torch.equal(a.features.pooled[0], b.features.pooled[0]) for a, b in zip(serial, parallel))
+    bad = PromptBatch(rows=counting_rows[:1] + [{"prompt": "x", "images": [b"junk"], "answer": "1"}],
+                      index=[0, 9], seeds=[0, 0], step=0)
+    with pytest.raises(ConfigError, match=r"^data.train, row 9: image <4 bytes> cannot be decoded"):
+        policy._prompts(bad)

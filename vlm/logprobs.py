@@ -1,0 +1,104 @@
+"""`TokenScorer`: the one forward that scores sampled tokens, for the rollout's old log-probs and
+for every training microbatch (STYLE.md rule 3), so the first on-policy ratio is exactly 1.
+
+Notation: n rows, P prompt width, T completion width of a layout, V vocabulary, H hidden.
+The scored distribution is the one the rollout sampled from (before top-p/top-k, as in veRL
+and EasyR1): softmax((logits + block_bias) / temperature), where block_bias is -1e9 on the
+tokens generation never emits (image placeholders and other special tokens). Log-softmax
+runs in fp32 over chunks of `chunk` positions and keeps only the sampled tokens' log-probs
+and the per-token entropy; with grad enabled each chunk is checkpointed, so neither
+[n, T, V] logits nor their log-softmax are ever held whole.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from vlm.batch import Layout, collate
+from vlm.features import base_model, encode
+
+BLOCK_BIAS = -1e9   # finite, so p * log p stays 0 (not NaN) for blocked tokens
+
+
+def _chunk_scores(h: torch.Tensor, targets: torch.Tensor, lm_head, bias: torch.Tensor, temperature: float,
+                  softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = lm_head(h).float()                                        # [n, c, V] fp32
+    if softcap:                                                        # Gemma-style final logit soft-capping
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = (logits + bias) / temperature                             # [n, c, V]
+    logp_all = torch.log_softmax(logits, dim=-1)                       # [n, c, V]
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)      # [n, c]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)                     # [n, c]
+    return logp, entropy
+
+
+def token_scores(hidden: torch.Tensor, targets: torch.Tensor, lm_head, bias: torch.Tensor, temperature: float,
+                 softcap: float | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies [n, T] of `targets` [n, T] from hidden states [n, T, H]."""
+    logps, ents = [], []
+    for s in range(0, hidden.shape[1], chunk):
+        args = (hidden[:, s:s + chunk], targets[:, s:s + chunk], lm_head, bias, temperature, softcap)
+        if torch.is_grad_enabled():
+            lp, en = checkpoint(_chunk_scores, *args, use_reentrant=False)
+        else:
+            lp, en = _chunk_scores(*args)
+        logps.append(lp)
+        ents.append(en)
+    return torch.cat(logps, 1), torch.cat(ents, 1)                     # [n, T], [n, T]
+
+
+class TokenScorer(torch.nn.Module):
+    """Wraps the Hugging Face model; `forward` is `predict` (the trainer prepares this module)."""
+
+    def __init__(self, hf, blocked: list[int], temperature: float, chunk: int, pad_id: int,
+                 image_token_id: int | None, encode_with_grad: bool):
+        super().__init__()
+        self.hf = hf
+        vocab = hf.get_output_embeddings().weight.shape[0]
+        bias = torch.zeros(vocab)
+        bias[[i for i in blocked if i < vocab]] = BLOCK_BIAS
+        self.register_buffer("block_bias", bias, persistent=False)     # [V]
+        self.temperature, self.chunk, self.pad_id = temperature, chunk, pad_id
+        self.image_token_id, self.encode_with_grad = image_token_id, encode_with_grad
+        self.softcap = getattr(hf.config.get_text_config(), "final_logit_softcapping", None)
+
+    def _features(self, prompts: list) -> list | None:
+        """Fresh (with grad) encoder outputs per row when the vision side trains; else the cached ones."""
+        if not self.encode_with_grad:
+            return None
+        fresh: dict[int, object] = {}
+        for x in prompts:
+            if id(x) not in fresh:
+                fresh[id(x)] = encode(self.hf, x.encoder_inputs, self.block_bias.device)
+        return [fresh[id(x)] for x in prompts]
+
+    def _score_layout(self, prompts: list, completions: list, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = collate(prompts, completions, layout, self.pad_id, self.image_token_id, self.block_bias.device,
+                        features=self._features(prompts))
+        out = base_model(self.hf)(**batch, use_cache=False, return_dict=True)
+        p, t = layout.prompt_width, layout.width - layout.prompt_width
+        hidden = out.last_hidden_state[:, p - 1:p - 1 + t]                           # [n, T, H]
+        targets = batch["input_ids"][:, p:p + t]                                     # [n, T]
+        return token_scores(hidden, targets, self.hf.get_output_embeddings(), self.block_bias,
+                            self.temperature, self.softcap, self.chunk)
+
+    def forward(self, prompts: list, completions: list, layouts: list, out_len: int):
+        """Log-probs and entropies [n, out_len] of each row's completion (0 past its end).
+
+        Rows are scored in groups sharing a layout, each at exactly its recorded widths.
+        """
+        n = len(prompts)
+        device = self.block_bias.device
+        logp = torch.zeros(n, out_len, device=device)                                # [n, T_out]
+        ent = torch.zeros(n, out_len, device=device)                                 # [n, T_out]
+        for layout in sorted(set(layouts), key=lambda lo: (lo.prompt_width, lo.width)):
+            rows = [r for r in range(n) if layouts[r] == layout]
+            lp, en = self._score_layout([prompts[r] for r in rows], [completions[r] for r in rows], layout)
+            idx = torch.tensor(rows, device=device)
+            t = lp.shape[1]
+            logp = logp.index_put((idx,), torch.nn.functional.pad(lp, (0, out_len - t)))
+            ent = ent.index_put((idx,), torch.nn.functional.pad(en, (0, out_len - t)))
+        lengths = torch.tensor([int(c.numel()) for c in completions], device=device)  # [n]
+        valid = torch.arange(out_len, device=device)[None, :] < lengths[:, None]    # [n, T_out]
+        return logp * valid, ent * valid

@@ -1,0 +1,215 @@
+"""The VLM policy (`policy.name: vlm`): an image-text-to-text model as a sampler with a log-likelihood.
+
+An action is a generated token; T is the longest completion of a rollout. One rollout:
+  1. records -> `PromptInputs` (images decoded and resized lazily, chat template, truncation),
+     in a torch DataLoader with `image_workers` processes;
+  2. each prompt's images are encoded once (`vlm.features`), the image-token invariant checked;
+  3. the backend samples G completions per prompt (HF generate, or vLLM), blocked tokens never emitted;
+  4. old log-probs come from `TokenScorer` (the same forward training uses), per recorded layout.
+The trainer replaces `self.model` (the TokenScorer) with its prepared wrapper; generation and
+no-grad scoring use the unwrapped module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from mmrl.types import PromptBatch, Rollout, Scores
+from rewards.sample import Sample
+from vlm.batch import Layout, layout_for
+from vlm.features import encode
+from vlm.generation import SamplingSpec
+from vlm.prompts import check_image_tokens
+from vlm.setup import Parts, build_parts, prepare_rows
+
+
+@dataclass(frozen=True)
+class LoraSection:
+    rank: int = 0                 # LoRA rank; 0 = full fine-tuning
+    alpha: int = 64
+    dropout: float = 0.0          # active only in train mode (gradient_checkpointing); > 0 breaks ratio == 1
+    target_modules: List[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+@dataclass(frozen=True)
+class VLLMSection:
+    gpu_memory_utilization: float = 0.5   # fraction of GPU memory vLLM may take (weights + KV cache)
+    tensor_parallel_size: int = 1
+    max_model_len: int = 0                # 0 = max_prompt_tokens + max_new_tokens
+    enforce_eager: bool = False           # no CUDA graphs (slower, starts faster)
+    sleep: bool = False                   # sleep the engine during updates (frees its memory; GPU only)
+    cpu_kv_cache_gib: int = 1             # VLLM_CPU_KVCACHE_SPACE on CPU-only machines
+    max_images_per_prompt: int = 4        # limit_mm_per_prompt for images
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = "vlm"
+    model: str = ""                       # hub id, local folder, or tiny:<family> (vlm/tiny.py, built offline)
+    processor: Optional[str] = None       # processor source; None = `model`
+    dtype: str = "auto"                   # auto | fp32 | bf16 | fp16 weights (auto: bf16 only for a LoRA base on GPU under precision=bf16)
+    attn_implementation: Optional[str] = None  # sdpa | eager | flash_attention_2; None = transformers' default
+    # images
+    min_pixels: int = 3136                # W*H bounds of each input image after resizing (Qwen2-VL smart_resize)
+    max_pixels: int = 1003520             # 1280 * 28 * 28
+    image_factor: int = 0                 # sides become multiples of it; 0 = the processor's patch_size * merge_size (28 for Qwen2.5-VL), else 1
+    image_root: Optional[str] = None      # folder for relative image paths of rows not loaded by vlm.data:load
+    image_workers: int = 0                # DataLoader worker processes that decode, resize and tokenize prompts
+    # prompts
+    system_prompt: Optional[str] = None   # system message (a row's `system` column wins)
+    format_prompt: str = "r1"             # r1 (append the <think>/<answer> instruction) | none | a template with {prompt}
+    max_prompt_tokens: int = 2048
+    truncation: str = "error"             # error | left (drop the earliest text tokens; image/special tokens are never cut)
+    require_answer: bool = True           # rows without `answer` are errors
+    # generation
+    backend: str = "hf"                   # hf (transformers generate) | vllm (optional extra)
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                        # 0 = off
+    generate_rows_per_call: int = 0       # rows (prompt x sample) per generate call; 0 = the whole rollout
+    eval_max_new_tokens: int = 0          # greedy evaluation length; 0 = max_new_tokens
+    allowed_special_tokens: List[str] = field(default_factory=list)  # special tokens generation may emit (all others but EOS are blocked)
+    # scoring and training
+    score_rows_per_call: int = 8          # rows per no-grad scoring forward at rollout time
+    logprob_chunk: int = 128              # positions per fp32 log-softmax chunk
+    lora: LoraSection = field(default_factory=LoraSection)
+    freeze_vision: bool = True            # freeze the vision tower and projector; features are then cached per prompt
+    gradient_checkpointing: bool = False
+    reference: str = "auto"               # KL reference: auto (adapter for LoRA, reload otherwise) | adapter | reload | none
+    vllm: VLLMSection = field(default_factory=VLLMSection)
+
+
+class VLMPolicy:
+    def __init__(self, cfg: Config, ctx, parts: Parts):
+        self.cfg, self.ctx, self.device = cfg, ctx, ctx.device
+        self.p = parts
+        self.scorer = parts.scorer
+        self.model = parts.scorer                       # the trainer may wrap it
+        self._ref = None
+
+    # ---------------------------------------------------------------- rollout
+    def _autocast(self):
+        acc = self.ctx.accelerator
+        return acc.autocast() if acc is not None else contextlib.nullcontext()
+
+    @torch.no_grad()
+    def _prompts(self, prompts: PromptBatch) -> list:
+        items = prepare_rows(prompts, self.p.builder, self.cfg.image_workers)
+        with self._autocast():
+            for x in items:
+                x.features = encode(self.p.hf, x.encoder_inputs, self.device)
+                check_image_tokens(x, self.p.image_token_id)
+                if self.cfg.freeze_vision:
+                    x.encoder_inputs = {}               # pixels are not needed again
+        return items
+
+    @torch.no_grad()
+    def _score(self, rows: list, completions: list, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Old log-probs [N, T] and the mask [N, T], in chunks of score_rows_per_call rows."""
+        t, step = layout.width - layout.prompt_width, self.cfg.score_rows_per_call
+        self.scorer.train(self.cfg.gradient_checkpointing)
+        parts = []
+        with self._autocast():
+            for lo in range(0, len(rows), step):
+                sl = slice(lo, lo + step)
+                lp, _ = self.scorer(rows[sl], completions[sl], [layout] * len(rows[sl]), t)
+                parts.append(lp)
+        lengths = torch.tensor([c.numel() for c in completions], device=self.device)
+        mask = (torch.arange(t, device=self.device)[None, :] < lengths[:, None]).float()      # [N, T]
+        return torch.cat(parts), mask
+
+    def _samples(self, rows, completions, ended, prompts: PromptBatch, group_size: int, tag: str) -> list:
+        texts = self.p.tokenizer.batch_decode(completions, skip_special_tokens=True)
+        out = []
+        for i, (x, c, text, done) in enumerate(zip(rows, completions, texts, ended)):
+            p, g = divmod(i, group_size)
+            meta = {**x.meta, "resize": x.resize, "num_tokens": int(c.numel()), "finished": bool(done),
+                    "prompt_truncated": x.truncated}
+            out.append(Sample(prompt=x.text, output=text, images=x.images, answer=x.row.get("answer"), meta=meta,
+                              id=f"{tag} prompt {prompts.index[p]} sample {g}"))
+        return out
+
+    def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
+        items = self._prompts(prompts)
+        rows = [x for x in items for _ in range(group_size)]                                 # N
+        self.p.backend.before_rollout(self.p, prompts.step)
+        spec = SamplingSpec(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, self.cfg.top_k)
+        completions, ended = self.p.backend.sample(rows, spec, prompts.seeds[0], self.device)
+        layout = layout_for(rows, completions)
+        logp, mask = self._score(rows, completions, layout)                                  # [N, T]
+        n = len(rows)
+        return Rollout(
+            samples=self._samples(rows, completions, ended, prompts, group_size, f"step {prompts.step}"),
+            log_probs=logp, mask=mask, group=torch.arange(len(items)).repeat_interleave(group_size),
+            state={"prompt": rows, "completion": completions,
+                   "prompt_width": torch.full((n,), layout.prompt_width, dtype=torch.long),
+                   "width": torch.full((n,), layout.width, dtype=torch.long)})
+
+    # ---------------------------------------------------------------- scoring for training
+    def _rows(self, rollout: Rollout, index: torch.Tensor):
+        idx = index.tolist()
+        st = rollout.state
+        layouts = [Layout(int(st["prompt_width"][i]), int(st["width"][i])) for i in idx]
+        return [st["prompt"][i] for i in idx], [st["completion"][i] for i in idx], layouts
+
+    def log_probs(self, rollout: Rollout, index: torch.Tensor) -> Scores:
+        prompts, comps, layouts = self._rows(rollout, index)
+        self.scorer.train(self.cfg.gradient_checkpointing)
+        logp, entropy = self.model(prompts, comps, layouts, rollout.log_probs.shape[1])       # [n, T]
+        return Scores(log_probs=logp, entropy=entropy)
+
+    @torch.no_grad()
+    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> torch.Tensor:
+        prompts, comps, layouts = self._rows(rollout, index)
+        mode = self.p.reference_mode
+        if mode == "none":
+            raise ValueError("algo.kl_beta != 0 needs a reference model, but policy.reference=none")
+        with self._autocast():
+            if mode == "adapter":
+                with self.p.peft.disable_adapter():
+                    logp, _ = self.scorer(prompts, comps, layouts, rollout.log_probs.shape[1])
+                return logp
+            if self._ref is None:
+                self._ref = self.p.reference_scorer()
+            logp, _ = self._ref(prompts, comps, layouts, rollout.log_probs.shape[1])
+        return logp
+
+    # ---------------------------------------------------------------- weights and evaluation
+    def trainable_parameters(self):
+        return [p for p in self.p.hf.parameters() if p.requires_grad]
+
+    def _trainable(self) -> dict:
+        return {n: p for n, p in self.p.hf.named_parameters() if p.requires_grad}
+
+    def save(self, path: str) -> None:
+        save_file({n: p.detach().cpu().contiguous() for n, p in self._trainable().items()}, path)
+
+    def load(self, path: str) -> None:
+        state, params = load_file(path), self._trainable()
+        missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or extra:
+            raise ValueError(f"{path}: trainable weights do not match this policy (missing {missing[:3]}, "
+                             f"unexpected {extra[:3]}); was it saved with the same policy.lora / freeze_vision?")
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(state[n].to(p.device, p.dtype))
+
+    @torch.no_grad()
+    def generate_eval(self, prompts: PromptBatch) -> list:
+        """Greedy completions, one per prompt (validation)."""
+        items = self._prompts(prompts)
+        self.p.backend.before_rollout(self.p, prompts.step)
+        spec = SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
+        completions, ended = self.p.backend.sample(items, spec, prompts.seeds[0], self.device)
+        return self._samples(items, completions, ended, prompts, 1, "eval")
+
+
+def build(cfg: Config, ctx) -> VLMPolicy:
+    return VLMPolicy(cfg, ctx, build_parts(cfg, ctx))

