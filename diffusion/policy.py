@@ -24,7 +24,7 @@ from diffusion.sampler import Denoiser, denoise, rescore, scatter, transitions
 from diffusion.sde import FLOW_SCHEDULES, gaussian_kl
 from diffusion.timesteps import StepPlan, TimestepsConfig
 from mmrl.config import ConfigError
-from mmrl.types import PromptBatch, Rollout, Scores, concat
+from mmrl.types import PromptBatch, Rollout, Scores
 from rewards.sample import Sample
 
 
@@ -99,24 +99,27 @@ class DiffusionPolicy:
         self._kl_requested = False
         texts = [self._prompt(r) for r in prompts.rows]
         conds = self.encode(texts)
-        parts = []
-        for p, (row, text, seed) in enumerate(zip(prompts.rows, texts, prompts.seeds)):
-            gen = torch.Generator(self.device).manual_seed(seed)            # initial noise and SDE noise
-            plan = timesteps.plan(self.cfg.timesteps, len(self.sched), group_size, prompts.step,
-                                  torch.Generator().manual_seed(seed))
-            x = self.family.noise(1 if self.cfg.shared_noise else group_size, gen)   # [1 or G, ...]
-            x = x.expand(group_size, *x.shape[1:]).contiguous()                      # [G, ...]
-            with self._autocast():
-                traj = denoise(self._denoiser(self.model, self.sched), x, [conds[text]] * group_size, plan,
-                               self.cfg.noise_level, gen)
-            images = self.family.decode(traj.final)
-            samples = [self._sample(row, text, im, f"step {prompts.step} prompt {prompts.index[p]} sample {g}")
-                       for g, im in enumerate(images)]
-            state = {"latents": traj.latents, "before": traj.before, "after": traj.after,
-                     "step_index": traj.step_index, "cond": [conds[text]] * group_size}
-            parts.append(Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask,
-                                 group=torch.zeros(group_size, dtype=torch.long), state=state))
-        return concat(parts)
+        gens, xs, plans = [], [], []
+        for seed in prompts.seeds:                                           # per prompt: its own randomness
+            gens.append(torch.Generator(self.device).manual_seed(seed))      # initial noise, then SDE noise
+            plans.append(timesteps.plan(self.cfg.timesteps, len(self.sched), group_size, prompts.step,
+                                        torch.Generator().manual_seed(seed)))
+            x = self.family.noise(1 if self.cfg.shared_noise else group_size, gens[-1])   # [1 or G, ...]
+            xs.append(x.expand(group_size, *x.shape[1:]))                                  # [G, ...]
+        plan = StepPlan(sde=plans[0].sde, trained=torch.cat([p.trained for p in plans]))  # sde: same for all
+        cond_rows = [conds[t] for t in texts for _ in range(group_size)]
+        with self._autocast():                                               # all prompts in one batch
+            traj = denoise(self._denoiser(self.model, self.sched), torch.cat(xs).contiguous(), cond_rows, plan,
+                           self.cfg.noise_level, gens)
+        samples = []
+        for p, (row, text) in enumerate(zip(prompts.rows, texts)):           # decode per prompt (batch-independent)
+            images = self.family.decode(traj.final[p * group_size:(p + 1) * group_size])
+            samples += [self._sample(row, text, im, f"step {prompts.step} prompt {prompts.index[p]} sample {g}")
+                        for g, im in enumerate(images)]
+        state = {"latents": traj.latents, "before": traj.before, "after": traj.after,
+                 "step_index": traj.step_index, "cond": cond_rows}
+        group = torch.arange(len(texts)).repeat_interleave(group_size)      # [N]
+        return Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask, group=group, state=state)
 
     # --- update ------------------------------------------------------------------------------
     def log_probs(self, rollout: Rollout, index: torch.Tensor) -> Scores:

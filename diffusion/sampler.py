@@ -43,9 +43,19 @@ class Denoiser:
     chunk: int           # rows per forward (common.predict)
 
 
+def _noise(generators: list, x: Tensor) -> Tensor:
+    """z [B, ...]: the rows split evenly over `generators`, each drawing its own block in order, so a
+    prompt's noise never depends on which other prompts share the batch."""
+    rows = x.shape[0] // len(generators)
+    return torch.cat([torch.randn((rows, *x.shape[1:]), generator=g, device=x.device, dtype=torch.float32)
+                      for g in generators])                                   # [B, ...]
+
+
 def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: float,
-            generator: torch.Generator | None) -> Trajectories:
-    """Sample B trajectories from x [B, ...] (x_S), conditioned on `conds` (one Cond per row)."""
+            generator: torch.Generator | list | None) -> Trajectories:
+    """Sample B trajectories from x [B, ...] (x_S), conditioned on `conds` (one Cond per row).
+    `generator`: one generator, or a list of them each owning an equal consecutive block of rows."""
+    gens = generator if isinstance(generator, list) else None
     b, s = x.shape[0], len(d.sched)
     need = torch.zeros(b, s + 1, dtype=torch.bool)                           # [B, S + 1] latents to keep
     need[:, :s] |= plan.trained
@@ -56,7 +66,9 @@ def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: fl
             kept[i] = x
         index = torch.full((b,), i, dtype=torch.long, device=x.device)       # [B]
         out = predict(d.family, d.model, x, index, conds, d.sched, d.guidance, d.chunk)  # [B, ...]
-        step = sde_step(d.sched, out, x, index, noise_level if bool(plan.sde[i]) else 0.0, generator=generator)
+        level = noise_level if bool(plan.sde[i]) else 0.0
+        z = _noise(gens, x) if gens is not None else None
+        step = sde_step(d.sched, out, x, index, level, generator=None if gens else generator, variance_noise=z)
         logp[:, i] = step.log_prob.cpu()
         x = step.prev_sample
     if need[:, s].any():

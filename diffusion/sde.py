@@ -83,11 +83,15 @@ def _log_prob(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     return _row_mean(torch.where(random, lp, torch.zeros_like(lp)))  # [B]
 
 
-def _gaussian_step(mean: Tensor, std: Tensor, sample: Tensor, prev_sample: Tensor | None, generator) -> SDEStep:
-    """Sample (or score) x' ~ N(mean, std^2); ``mean`` [B, ...] fp32, ``std`` 0-dim or [B, 1, ..., 1] fp32."""
+def _gaussian_step(mean: Tensor, std: Tensor, sample: Tensor, prev_sample: Tensor | None, generator,
+                   variance_noise: Tensor | None = None) -> SDEStep:
+    """Sample (or score) x' ~ N(mean, std^2); ``mean`` [B, ...] fp32, ``std`` 0-dim or [B, 1, ..., 1] fp32.
+    ``variance_noise`` (as in diffusers' DDIMScheduler.step) is the standard normal draw z to use
+    instead of drawing one from ``generator``."""
     std = std.expand(sample.shape[0], *([1] * (sample.ndim - 1)))  # [B, 1, ..., 1]
     if prev_sample is None:
-        z = torch.randn(sample.shape, generator=generator, device=sample.device, dtype=torch.float32)
+        z = (variance_noise.float() if variance_noise is not None else
+             torch.randn(sample.shape, generator=generator, device=sample.device, dtype=torch.float32))
         prev_sample = mean + std * z  # [B, ...]
     prev_sample = prev_sample.to(sample.dtype)  # score the value that is returned / stored
     return SDEStep(prev_sample, _log_prob(prev_sample, mean, std), mean.to(sample.dtype), std)
@@ -115,6 +119,7 @@ def flow_sde_step(
     schedule: str = "flow_grpo",
     prev_sample: Tensor | None = None,
     generator: torch.Generator | None = None,
+    variance_noise: Tensor | None = None,
 ) -> SDEStep:
     """Reverse-SDE step of a flow-matching model (x_sigma = (1 - sigma) x0 + sigma noise, v = noise - x0).
 
@@ -130,7 +135,7 @@ def flow_sde_step(
     mean = x + dt * (v + g**2 / (2 * sigma) * (x + (1 - sigma) * v))  # [B, C, H, W]
     # 2. diffusion over the step: s = g sqrt(-dt)
     std = g * torch.sqrt(-dt)  # [B, 1, 1, 1] or []
-    return _gaussian_step(mean, std, sample, prev_sample, generator)
+    return _gaussian_step(mean, std, sample, prev_sample, generator, variance_noise)
 
 
 def ddim_sde_step(
@@ -143,6 +148,7 @@ def ddim_sde_step(
     prediction_type: str = "epsilon",
     prev_sample: Tensor | None = None,
     generator: torch.Generator | None = None,
+    variance_noise: Tensor | None = None,
 ) -> SDEStep:
     """DDIM step with eta as a Gaussian policy (DDPO, arXiv 2305.13301; DDIM eqs. 12 and 16).
 
@@ -167,7 +173,7 @@ def ddim_sde_step(
     std = eta * torch.sqrt(var)  # [B, 1, 1, 1] or []
     # 3. mean: sqrt(a_p) x0_hat + "direction pointing to x_t" (clamped against fp32 round-off below 0)
     mean = torch.sqrt(a_p) * x0 + torch.sqrt((1 - a_p - std**2).clamp(min=0)) * eps  # [B, C, H, W]
-    return _gaussian_step(mean, std, sample, prev_sample, generator)
+    return _gaussian_step(mean, std, sample, prev_sample, generator, variance_noise)
 
 
 def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor) -> Tensor:

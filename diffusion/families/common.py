@@ -41,14 +41,20 @@ class Schedule:
 
 
 def sde_step(sched: Schedule, out: Tensor, x: Tensor, index: Tensor, noise_level: float,
-             prev_sample: Tensor | None = None, generator: torch.Generator | None = None) -> SDEStep:
+             prev_sample: Tensor | None = None, generator: torch.Generator | None = None,
+             variance_noise: Tensor | None = None) -> SDEStep:
     """Step rows x [B, ...] at steps `index` [B] with the model output `out` [B, ...] (sample or score)."""
     a, b = sched.coef[index], sched.coef_next[index]                          # [B], [B]
     if sched.flow:
         return flow_sde_step(out, x, a, b, noise_level=noise_level, schedule=sched.rule,
-                             prev_sample=prev_sample, generator=generator)
+                             prev_sample=prev_sample, generator=generator, variance_noise=variance_noise)
     return ddim_sde_step(out, x, a, b, eta=noise_level, prediction_type=sched.rule,
-                         prev_sample=prev_sample, generator=generator)
+                         prev_sample=prev_sample, generator=generator, variance_noise=variance_noise)
+
+
+def weight_dtype(module) -> torch.dtype:
+    """The dtype of a module's first parameter (diffusers' `.dtype` walks every parameter per call)."""
+    return next(module.parameters()).dtype
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from diffusion.families.common import Cond, Schedule, flow_schedule, stack, to_pil
+from diffusion.families.common import Cond, Schedule, flow_schedule, stack, to_pil, weight_dtype
 
 # diffusers' train_dreambooth_lora_flux default targets (double-stream attention and MLPs)
 LORA_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
@@ -77,7 +77,7 @@ class FluxFamily:
         return rows
 
     def forward(self, model, rows: dict) -> torch.Tensor:
-        dtype = self.denoiser.dtype
+        dtype = weight_dtype(self.denoiser)
         txt_ids = torch.zeros(rows["encoder_hidden_states"].shape[1], 3, device=self.device)  # [L, 3], as encode_prompt
         return model(hidden_states=rows["hidden_states"].to(dtype), timestep=rows["timestep"].to(dtype),
                      guidance=rows.get("guidance"), pooled_projections=rows["pooled_projections"].to(dtype),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from diffusion.families.common import Cond, Schedule, stack, to_pil
+from diffusion.families.common import Cond, Schedule, stack, to_pil, weight_dtype
 
 LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]  # ddpo-pytorch / diffusers train_text_to_image_lora
 PREDICTION_TYPES = ("epsilon", "v_prediction")
@@ -72,7 +72,7 @@ class SDFamily:
         return {"sample": x, "timestep": sched.model_t[index], "encoder_hidden_states": stack(conds, "embeds")}
 
     def forward(self, model, rows: dict) -> torch.Tensor:
-        dtype = self.denoiser.dtype
+        dtype = weight_dtype(self.denoiser)
         return model(rows["sample"].to(dtype), rows["timestep"],
                      encoder_hidden_states=rows["encoder_hidden_states"].to(dtype), return_dict=False)[0]
 

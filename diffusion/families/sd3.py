@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from diffusion.families.common import Cond, Schedule, flow_schedule, stack, to_pil
+from diffusion.families.common import Cond, Schedule, flow_schedule, stack, to_pil, weight_dtype
 
 # Flow-GRPO's SD3.5 LoRA targets (attention of both streams; diffusers' train_dreambooth_lora_sd3)
 LORA_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0",
@@ -56,7 +56,7 @@ class SD3Family:
                 "encoder_hidden_states": stack(conds, "embeds"), "pooled_projections": stack(conds, "pooled")}
 
     def forward(self, model, rows: dict) -> torch.Tensor:
-        dtype = self.denoiser.dtype
+        dtype = weight_dtype(self.denoiser)
         return model(hidden_states=rows["hidden_states"].to(dtype), timestep=rows["timestep"],
                      encoder_hidden_states=rows["encoder_hidden_states"].to(dtype),
                      pooled_projections=rows["pooled_projections"].to(dtype), return_dict=False)[0]

@@ -215,3 +215,14 @@ def test_unknown_names_raise():
         ddim_sde_step(x, x, 0.3, 0.5, eta=1.0, prediction_type="sample")
     with pytest.raises(ValueError, match=r"\[B\] tensors"):
         flow_sde_step(x, x, torch.ones(2), 0.4, noise_level=0.7)
+
+
+def test_variance_noise_is_used_instead_of_the_generator():
+    x, v = torch.randn(2, 1, 2, 2), torch.randn(2, 1, 2, 2)
+    z = torch.randn(2, 1, 2, 2, generator=torch.Generator().manual_seed(5))
+    drawn = flow_sde_step(v, x, 0.8, 0.6, noise_level=0.7, generator=torch.Generator().manual_seed(5))
+    given = flow_sde_step(v, x, 0.8, 0.6, noise_level=0.7, variance_noise=z)
+    assert torch.equal(drawn.prev_sample, given.prev_sample) and torch.equal(drawn.log_prob, given.log_prob)
+    torch.testing.assert_close(given.prev_sample, given.mean + given.std * z)
+    d = ddim_sde_step(v, x, 0.5, 0.7, eta=1.0, variance_noise=z)
+    torch.testing.assert_close(d.prev_sample, d.mean + d.std * z)
