@@ -65,7 +65,8 @@ class VLLMBackend:
                       dtype="bfloat16" if (on_gpu and ctx.precision == "bf16") else "float32",
                       seed=ctx.seed, max_model_len=v.max_model_len or cfg.max_prompt_tokens + cfg.max_new_tokens,
                       tensor_parallel_size=v.tensor_parallel_size, enforce_eager=v.enforce_eager,
-                      limit_mm_per_prompt={"image": v.max_images_per_prompt}, mm_processor_kwargs=image_kwargs or None)
+                      limit_mm_per_prompt={"image": v.max_images_per_prompt}, mm_processor_kwargs=image_kwargs or None,
+                      logprobs_mode="processed_logprobs")  # after temperature and allowed tokens, as HF scores
         if on_gpu:
             kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = v.sleep
