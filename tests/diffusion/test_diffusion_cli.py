@@ -127,6 +127,8 @@ def test_two_processes_train_like_one(run, tmp_path):
     two = {r["step"]: r for r in rows(tmp_path) if "loss" in r}
     for step in (1, 2):
         assert two[step]["ratio/first_max_abs_dev"] == 0.0
-        for key in ("reward/mean", "loss", "grad_norm"):
-            assert two[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-8), (step, key)
+        # the on-policy loss is a sum of advantages that cancel to ~0 (|A| ~ 1): its rounding noise
+        # across a different process split is ~1e-7 absolute, so it gets an absolute tolerance
+        for key, abs_tol in (("reward/mean", 1e-8), ("loss", 1e-6), ("grad_norm", 1e-8)):
+            assert two[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=abs_tol), (step, key)
     torch.testing.assert_close(weights(tmp_path, 2), w2, rtol=1e-4, atol=1e-6)
