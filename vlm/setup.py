@@ -110,7 +110,7 @@ def build_parts(cfg, ctx) -> Parts:
     if cfg.backend == "vllm":
         from vlm.vllm_backend import VLLMBackend
 
-        backend = VLLMBackend(cfg, hf, processor, blocked, stop_ids, ctx, image_kwargs)
+        backend = VLLMBackend(cfg, hf, processor, blocked, stop_ids, ctx, image_kwargs, image_token_id)
     else:
         backend = HFBackend(hf, tokenizer, pad_id, image_token_id, blocked, stop_ids, cfg.generate_rows_per_call)
     mode = {"auto": "adapter" if lora else "reload"}.get(cfg.reference, cfg.reference)

