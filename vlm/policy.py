@@ -82,6 +82,7 @@ class Config:
     lora: LoraSection = field(default_factory=LoraSection)
     freeze_vision: bool = True            # freeze the vision tower and projector; features are then cached per prompt
     gradient_checkpointing: bool = False
+    cpu_threads: int = 0                  # torch intra-op threads when on CPU; 0 = torch's default (1 avoids OpenMP spin-waits on busy cores)
     reference: str = "auto"               # KL reference: auto (adapter for LoRA, reload otherwise) | adapter | reload | none
     vllm: VLLMSection = field(default_factory=VLLMSection)
 
@@ -212,4 +213,8 @@ class VLMPolicy:
 
 
 def build(cfg: Config, ctx) -> VLMPolicy:
+    if cfg.cpu_threads < 0:
+        raise ValueError(f"config key 'policy.cpu_threads' must be >= 0 (0 = torch's default), got {cfg.cpu_threads}")
+    if cfg.cpu_threads and torch.device(ctx.device).type == "cpu":
+        torch.set_num_threads(cfg.cpu_threads)
     return VLMPolicy(cfg, ctx, build_parts(cfg, ctx))
