@@ -41,12 +41,13 @@ def _vocab() -> dict[str, int]:
     return {w: i for i, w in enumerate(SPECIAL + words)}
 
 
-def tokenizer(max_length: int, bos: bool):
-    """A WordLevel tokenizer wrapped as a transformers fast tokenizer ("<bos> words <eos>" or "words <eos>")."""
+def tokenizer(max_length: int, bos: bool, vocab: dict[str, int] | None = None):
+    """A WordLevel tokenizer wrapped as a transformers fast tokenizer ("<bos> words <eos>" or "words <eos>");
+    `vocab` (word -> id, starting with SPECIAL) defaults to the words of PROMPTS."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel(_vocab(), unk_token="<unk>"))
+    tok = Tokenizer(models.WordLevel(vocab or _vocab(), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     single = "<bos> $A <eos>" if bos else "$A <eos>"
     tok.post_processor = processors.TemplateProcessing(

@@ -2,7 +2,9 @@
 
 Prompts are encoded by the pipeline's own `encode_prompt` (two CLIPs + T5); CFG concatenates the
 unconditional rows (the encoded negative prompt, computed once) before the conditional ones, as the
-pipeline does; latents are decoded with `(z / scaling_factor) + shift_factor`.
+pipeline does; latents are decoded with `(z / scaling_factor) + shift_factor`. Pixel-space pipelines
+(assets/tiny/shapes_t2i) hold diffusion.pixel.PixelAutoencoder, an identity VAE, in the VAE slot;
+diffusers loads a component from a non-diffusers module only once it is imported, so `load` imports it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class SD3Family:
     @staticmethod
     def load(model: str, opts):
         from diffusers import StableDiffusion3Pipeline
+
+        import diffusion.pixel  # noqa: F401  (makes PixelAutoencoder loadable for pixel-space pipelines)
 
         return StableDiffusion3Pipeline.from_pretrained(model, torch_dtype=opts.dtype, revision=opts.revision,
                                                         variant=opts.variant)

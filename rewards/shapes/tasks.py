@@ -101,13 +101,17 @@ def t2i_prompt_space(max_count: int = 3) -> list[dict]:
     return out
 
 
-def t2i_records(split: str = "train", eval_fraction: float = 0.2, max_count: int = 3) -> list[dict]:
-    """Text-to-image prompts with their spec (the verifier reads it from `meta`)."""
+def t2i_records(split: str = "train", eval_fraction: float = 0.2, max_count: int = 3, repeats: int = 1) -> list[dict]:
+    """Text-to-image prompts with their spec (the verifier reads it from `meta`). `repeats` lists the
+    split `repeats` times over (an evaluation then draws each prompt with that many seeds)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     want_eval = split == "eval"
-    return [r | {"answer": None} for r in t2i_prompt_space(max_count)
-            if _is_eval_prompt(r["prompt"], eval_fraction) == want_eval]
+    records = [r | {"answer": None} for r in t2i_prompt_space(max_count)
+               if _is_eval_prompt(r["prompt"], eval_fraction) == want_eval]
+    return [dict(r) for _ in range(repeats) for r in records]
 
 
 def render_prompt(spec: dict, seed: int, size: int = 32):

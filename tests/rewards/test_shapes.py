@@ -75,3 +75,10 @@ def test_reward_functions_read_the_spec_from_meta():
            Sample("q", "<answer>[0, 0, 10, 10]</answer>", answer=[0, 0, 10, 10], meta={"task": "grounding"}),
            Sample("q", "<answer>1</answer>", answer="1", meta={})]
     assert shapes_vlm(vlm) == [1.0, 1.0, 0.0, 1.0, None]
+
+
+def test_t2i_records_repeats_the_split_for_multi_seed_evaluation():
+    once, four = t2i_records("eval"), t2i_records("eval", repeats=4)
+    assert four == once * 4 and four[0] is not four[len(once)]
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        t2i_records("eval", repeats=0)
