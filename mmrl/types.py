@@ -39,20 +39,24 @@ class Rollout:
     """What a rollout records; everything needed to re-score it later.
 
     samples:    N reward `Sample`s (opaque to the core).
-    log_probs:  [N, T] log-probs of the sampled actions at rollout time ("old").
+    log_probs:  [N, T] log-probs of the sampled actions at rollout time ("old"), or None when
+                the adapter leaves them to the update (a sampler whose log-probs are not a by-product
+                of sampling, like a VLM's generate): the core then takes them from the first
+                training forward of a single on-policy pass, where they are that forward's own
+                values, or computes them with the same forward, without grad, before updating.
     mask:       [N, T] 1 for real actions, 0 for padding.
     group:      [N] prompt position of each sample in this rollout.
     state:      adapter replay state: name -> tensor or list, each with leading dim N.
     """
 
     samples: list
-    log_probs: torch.Tensor
+    log_probs: torch.Tensor | None
     mask: torch.Tensor
     group: torch.Tensor
     state: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return self.log_probs.shape[0]
+        return self.mask.shape[0]
 
     @property
     def group_size(self) -> int:
@@ -112,7 +116,7 @@ def select(rollout: Rollout, idx: torch.Tensor) -> Rollout:
     return replace(
         rollout,
         samples=[rollout.samples[i] for i in idx.tolist()],
-        log_probs=rollout.log_probs[idx],
+        log_probs=None if rollout.log_probs is None else rollout.log_probs[idx],
         mask=rollout.mask[idx],
         group=rollout.group[idx],
         state={k: _take(v, idx) for k, v in rollout.state.items()},
@@ -139,9 +143,12 @@ def concat(rollouts: list[Rollout]) -> Rollout:
     for key in rollouts[0].state:
         parts = [r.state[key] for r in rollouts]
         state[key] = _pad_cat(parts) if isinstance(parts[0], torch.Tensor) else sum(parts, [])
+    deferred = [r.log_probs is None for r in rollouts]
+    if any(deferred) and not all(deferred):
+        raise ValueError("cannot concatenate rollouts with and without rollout-time log-probs")
     return Rollout(
         samples=sum((r.samples for r in rollouts), []),
-        log_probs=_pad_cat([r.log_probs for r in rollouts]),
+        log_probs=None if deferred[0] else _pad_cat([r.log_probs for r in rollouts]),
         mask=_pad_cat([r.mask for r in rollouts]),
         group=torch.cat(groups),
         state=state,

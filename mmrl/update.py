@@ -50,6 +50,21 @@ def _optimizer_step(run, params, loss_total: float, counters: dict) -> float:
     return grad_norm
 
 
+def _old_log_probs(run, ro, single_pass: bool) -> torch.Tensor | None:
+    """[N, T] rollout-time log-probs; None when they are the first training forward's own values.
+
+    An adapter that defers them (`Rollout.log_probs is None`) gets them here: in a single
+    on-policy pass (one epoch, one optimizer step) every sample is scored once before any weight
+    changes, so the old log-probs are the new ones detached (TRL does the same for
+    num_iterations=1) and no extra forward runs; otherwise one no-grad pass of the same forward.
+    """
+    if ro.log_probs is not None or single_pass:
+        return ro.log_probs
+    acc, mb = run.accelerator, run.cfg.train.samples_per_microbatch
+    with torch.no_grad(), acc.autocast():
+        return torch.cat([run.policy.log_probs(ro, idx).log_probs for idx in torch.arange(len(ro)).split(mb)])
+
+
 def update(run, batch, step: int) -> dict:
     """Optimise the policy on one step's batch; returns the update metrics."""
     cfg, acc, policy = run.cfg, run.accelerator, run.policy
@@ -61,6 +76,7 @@ def update(run, batch, step: int) -> dict:
     ref = policy.reference_log_probs(ro, torch.arange(n)) if spec.kl_beta != 0 else None  # [N, T], once
     mb = cfg.train.samples_per_microbatch
     per_opt = mb * cfg.train.grad_accum_steps if cfg.train.grad_accum_steps else n
+    old_all = _old_log_probs(run, ro, cfg.train.update_epochs == 1 and per_opt >= n)            # [N, T] or None
     gen = torch.Generator().manual_seed(cfg.seed * 7_919 + step)
     sums, counts, maxima = defaultdict(float), defaultdict(int), {}
     counters = run.counters
@@ -75,7 +91,8 @@ def update(run, batch, step: int) -> dict:
                 sync = contextlib.nullcontext() if i == len(micro) - 1 else acc.no_sync(policy.model)
                 with sync, acc.autocast():
                     scores = policy.log_probs(ro, idx)                            # [n, T]
-                    old, mask = ro.log_probs[idx], ro.mask[idx]
+                    old = scores.log_probs.detach() if old_all is None else old_all[idx]
+                    mask = ro.mask[idx]
                     loss, m = policy_loss(scores, old, adv[idx], mask, None if ref is None else ref[idx], spec, norm)
                     acc.backward(loss)
                 loss_total += float(loss.detach())

@@ -5,7 +5,10 @@ An action is a generated token; T is the longest completion of a rollout. One ro
      in a torch DataLoader with `image_workers` processes;
   2. each prompt's images are encoded once (`vlm.features`), the image-token invariant checked;
   3. the backend samples G completions per prompt (HF generate, or vLLM), blocked tokens never emitted;
-  4. old log-probs come from `TokenScorer` (the same forward training uses), per recorded layout.
+  4. old log-probs come from `TokenScorer` (the same forward training uses), per recorded layout:
+     by default the update takes them from its own first forward (`old_log_probs: deferred`, see
+     `mmrl.update`), so a one-epoch GRPO step runs no separate scoring forward; with
+     `old_log_probs: rollout` the rollout scores its samples without grad.
 The trainer replaces `self.model` (the TokenScorer) with its prepared wrapper; generation and
 no-grad scoring use the unwrapped module.
 """
@@ -77,7 +80,8 @@ class Config:
     eval_max_new_tokens: int = 0          # greedy evaluation length; 0 = max_new_tokens
     allowed_special_tokens: List[str] = field(default_factory=list)  # special tokens generation may emit (all others but EOS are blocked)
     # scoring and training
-    score_rows_per_call: int = 8          # rows per no-grad scoring forward at rollout time
+    old_log_probs: str = "deferred"       # deferred (the update takes them from its own forward; no rollout-time scoring) | rollout
+    score_rows_per_call: int = 8          # rows per no-grad scoring forward at rollout time (old_log_probs: rollout)
     logprob_chunk: int = 128              # positions per fp32 log-softmax chunk
     lora: LoraSection = field(default_factory=LoraSection)
     freeze_vision: bool = True            # freeze the vision tower and projector; features are then cached per prompt
@@ -112,8 +116,8 @@ class VLMPolicy:
         return items
 
     @torch.no_grad()
-    def _score(self, rows: list, completions: list, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-        """Old log-probs [N, T] and the mask [N, T], in chunks of score_rows_per_call rows."""
+    def _score(self, rows: list, completions: list, layout: Layout) -> torch.Tensor:
+        """Old log-probs [N, T] at rollout time, in chunks of score_rows_per_call rows."""
         t, step = layout.width - layout.prompt_width, self.cfg.score_rows_per_call
         self.scorer.train(self.cfg.gradient_checkpointing)
         parts = []
@@ -122,9 +126,7 @@ class VLMPolicy:
                 sl = slice(lo, lo + step)
                 lp, _ = self.scorer(rows[sl], completions[sl], [layout] * len(rows[sl]), t)
                 parts.append(lp)
-        lengths = torch.tensor([c.numel() for c in completions], device=self.device)
-        mask = (torch.arange(t, device=self.device)[None, :] < lengths[:, None]).float()      # [N, T]
-        return torch.cat(parts), mask
+        return torch.cat(parts)
 
     def _samples(self, rows, completions, ended, prompts: PromptBatch, group_size: int, tag: str) -> list:
         texts = self.p.tokenizer.batch_decode(completions, skip_special_tokens=True)
@@ -144,7 +146,10 @@ class VLMPolicy:
         spec = SamplingSpec(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, self.cfg.top_k)
         completions, ended = self.p.backend.sample(rows, spec, prompts.seeds[0], self.device)
         layout = layout_for(rows, completions)
-        logp, mask = self._score(rows, completions, layout)                                  # [N, T]
+        t = layout.width - layout.prompt_width
+        lengths = torch.tensor([c.numel() for c in completions], device=self.device)
+        mask = (torch.arange(t, device=self.device)[None, :] < lengths[:, None]).float()      # [N, T]
+        logp = self._score(rows, completions, layout) if self.cfg.old_log_probs == "rollout" else None  # [N, T]
         n = len(rows)
         return Rollout(
             samples=self._samples(rows, completions, ended, prompts, group_size, f"step {prompts.step}"),
@@ -163,7 +168,7 @@ class VLMPolicy:
     def log_probs(self, rollout: Rollout, index: torch.Tensor) -> Scores:
         prompts, comps, layouts = self._rows(rollout, index)
         self.scorer.train(self.cfg.gradient_checkpointing)
-        logp, entropy = self.model(prompts, comps, layouts, rollout.log_probs.shape[1])       # [n, T]
+        logp, entropy = self.model(prompts, comps, layouts, rollout.mask.shape[1])            # [n, T]
         return Scores(log_probs=logp, entropy=entropy)
 
     @torch.no_grad()
@@ -175,11 +180,11 @@ class VLMPolicy:
         with self._autocast():
             if mode == "adapter":
                 with self.p.peft.disable_adapter():
-                    logp, _ = self.scorer(prompts, comps, layouts, rollout.log_probs.shape[1])
+                    logp, _ = self.scorer(prompts, comps, layouts, rollout.mask.shape[1])
                 return logp
             if self._ref is None:
                 self._ref = self.p.reference_scorer()
-            logp, _ = self._ref(prompts, comps, layouts, rollout.log_probs.shape[1])
+            logp, _ = self._ref(prompts, comps, layouts, rollout.mask.shape[1])
         return logp
 
     # ---------------------------------------------------------------- weights and evaluation

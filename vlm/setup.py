@@ -56,6 +56,8 @@ def validate(cfg) -> None:
         (cfg.image_factor >= 0, "policy.image_factor", "must be >= 0 (0 = from the processor)"),
         (cfg.image_workers >= 0, "policy.image_workers", "must be >= 0"),
         (cfg.score_rows_per_call >= 1, "policy.score_rows_per_call", "must be >= 1"),
+        (cfg.old_log_probs in ("deferred", "rollout"), "policy.old_log_probs",
+         f"must be deferred or rollout, got {cfg.old_log_probs!r}"),
         (cfg.logprob_chunk >= 1, "policy.logprob_chunk", "must be >= 1"),
         (cfg.generate_rows_per_call >= 0, "policy.generate_rows_per_call", "must be >= 0 (0 = all rows)"),
         (cfg.lora.rank >= 0, "policy.lora.rank", "must be >= 0 (0 = full fine-tuning)"),

@@ -45,7 +45,9 @@ def make_policy(tmp_path):
 
     def make(family: str = "qwen2_5_vl", lora_rank: int = 4, **overrides):
         fields = dict(model=f"tiny:{family}", min_pixels=784, max_pixels=3136, max_prompt_tokens=512,
-                      max_new_tokens=6, logprob_chunk=4, lora=LoraSection(rank=lora_rank, alpha=8))
+                      max_new_tokens=6, logprob_chunk=4, lora=LoraSection(rank=lora_rank, alpha=8),
+                      old_log_probs="rollout")       # the rollout records its log-probs, for comparisons
+
         fields.update(overrides)
         torch.manual_seed(0)
         return build(Config(**fields), BuildContext(torch.device("cpu"), 0, str(tmp_path), "fp32", None))

@@ -196,3 +196,17 @@ def test_scores_do_not_depend_on_microbatch_neighbours(make_policy, counting_row
     for idx in (torch.tensor([0, 2]), torch.tensor([3, 1, 2]), torch.arange(4)):
         got = policy.log_probs(both, idx).log_probs.detach()
         assert torch.equal(got, both.log_probs[idx])
+
+
+def test_deferred_rollout_skips_scoring_and_training_sees_the_same_log_probs(make_policy, counting_rows):
+    """old_log_probs=deferred (the default): no scoring forward at rollout; the training forward
+    gives exactly the log-probs the rollout would have recorded."""
+    recorded = make_policy("qwen2_5_vl", max_new_tokens=5)
+    deferred = make_policy("qwen2_5_vl", max_new_tokens=5, old_log_probs="deferred")
+    a = recorded.rollout(_batch(counting_rows[:2]), group_size=2)
+    calls = []
+    deferred.scorer.register_forward_hook(lambda *args: calls.append(1))
+    b = deferred.rollout(_batch(counting_rows[:2]), group_size=2)
+    assert b.log_probs is None and not calls
+    assert [s.output for s in a.samples] == [s.output for s in b.samples] and torch.equal(a.mask, b.mask)
+    assert torch.equal(deferred.log_probs(b, torch.arange(len(b))).log_probs.detach(), a.log_probs)
