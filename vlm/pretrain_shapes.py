@@ -12,7 +12,7 @@ chat template, format prompt, image resize). Two phases, both short on purpose:
      DEFAULT answer of its task (a biased teacher), so the pretrained policy is right only some of
      the time and greedy decoding often gives the default: the deficit RL with a verifier removes.
 Validation uses train-split scenes held out of the training pool; the held-out (eval split)
-numbers are printed for reference only. The defaults made assets/tiny/shapes_vlm (13 minutes on one
+numbers are printed for reference only. The defaults made assets/tiny/shapes_vlm, bit for bit (13-17 minutes on one
 CPU core; teacher-forced held-out greedy accuracy about 0.7 after phase 1, 0.38 after phase 2).
 
 Notation: B examples per batch, L padded sequence length, V vocabulary.
