@@ -51,7 +51,7 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)
     reference: bool = True                # full fine-tuning: keep a frozen copy for the KL (LoRA needs none)
     gradient_checkpointing: bool = False
-    forward_batch: int = 8                # denoiser rows per forward, always exactly this many (padded)
+    forward_batch: int = 8                # denoiser rows per forward and VAE rows per decode, always exactly this many (padded)
 
 
 def _dtype(precision: str, device) -> torch.dtype:
@@ -111,15 +111,24 @@ class DiffusionPolicy:
         with self._autocast():                                               # all prompts in one batch
             traj = denoise(self._denoiser(self.model, self.sched), torch.cat(xs).contiguous(), cond_rows, plan,
                            self.cfg.noise_level, gens)
-        samples = []
-        for p, (row, text) in enumerate(zip(prompts.rows, texts)):           # decode per prompt (batch-independent)
-            images = self.family.decode(traj.final[p * group_size:(p + 1) * group_size])
+        images, samples = self._decode(traj.final), []
+        for p, (row, text) in enumerate(zip(prompts.rows, texts)):
             samples += [self._sample(row, text, im, f"step {prompts.step} prompt {prompts.index[p]} sample {g}")
-                        for g, im in enumerate(images)]
+                        for g, im in enumerate(images[p * group_size:(p + 1) * group_size])]
         state = {"latents": traj.latents, "before": traj.before, "after": traj.after,
                  "step_index": traj.step_index, "cond": cond_rows}
         group = torch.arange(len(texts)).repeat_interleave(group_size)      # [N]
         return Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask, group=group, state=state)
+
+    def _decode(self, latents: torch.Tensor) -> list:
+        """Images of latents [B, ...], decoded `forward_batch` rows per call with the last call padded, so
+        an image never depends on how many others this process decodes with it (as for the denoiser)."""
+        k, images = self.cfg.forward_batch, []
+        for lo in range(0, latents.shape[0], k):
+            part = latents[lo:lo + k]                                         # [<=k, ...]
+            pad = part.new_zeros(k - part.shape[0], *part.shape[1:])
+            images += self.family.decode(torch.cat([part, pad]))[:part.shape[0]]
+        return images
 
     # --- update ------------------------------------------------------------------------------
     def log_probs(self, rollout: Rollout, index: torch.Tensor) -> Scores:
@@ -191,7 +200,7 @@ class DiffusionPolicy:
         ode = StepPlan(sde=torch.zeros(s, dtype=torch.bool), trained=torch.zeros(n, s, dtype=torch.bool))
         with self._autocast():
             traj = denoise(self._denoiser(self.model, self.eval_sched), x, [conds[t] for t in texts], ode, 0.0, None)
-        images = self.family.decode(traj.final)
+        images = self._decode(traj.final)
         return [self._sample(row, t, im, f"eval prompt {i}")
                 for row, t, im, i in zip(prompts.rows, texts, images, prompts.index)]
 

@@ -82,12 +82,10 @@ def _pack(final: Tensor, kept: dict, need: Tensor, trained: Tensor, logp: Tensor
     index, mask = trained_index(trained)                                      # [B, T], [B, T]
     u = int(need.sum(1).max()) if need.any() else 0
     latents = final.new_zeros(b, u, *final.shape[1:])                         # [B, U, ...]
-    slot = torch.full(need.shape, -1, dtype=torch.long)                       # [B, S + 1] position -> slot
-    for i in range(b):
-        positions = torch.nonzero(need[i]).squeeze(1).tolist()
-        for j, pos in enumerate(positions):
-            latents[i, j] = kept[pos][i]
-            slot[i, pos] = j
+    slot = torch.where(need, need.long().cumsum(1) - 1, -1)                   # [B, S + 1] position -> slot
+    for pos, x in kept.items():                                               # one copy per position, all samples
+        who = torch.nonzero(need[:, pos]).squeeze(1)                          # [b']
+        latents[who.to(final.device), slot[who, pos].to(final.device)] = x[who.to(x.device)]
     rows = torch.arange(b)[:, None]                                           # [B, 1]
     before = torch.where(mask > 0, slot[rows, index], 0)                      # [B, T]
     after = torch.where(mask > 0, slot[rows, index + 1], 0)                   # [B, T]
