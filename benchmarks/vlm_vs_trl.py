@@ -1,0 +1,148 @@
+"""Seconds per optimizer step: mmrl's VLM GRPO step against TRL's `GRPOTrainer` on the same work.
+
+Same tiny Qwen2.5-VL (built in code from vlm/tiny.py's tokenizer and processor, saved to a temp
+folder), same synthetic counting prompts with images (vlm.synthetic), same prompts per step P,
+group size G, max new tokens, learning rate, beta=0 (no reference model), fp32, CPU, full
+fine-tuning of the language model with the vision tower frozen, HF `generate` on both sides,
+one optimizer step per generation batch (TRL: per_device_train_batch_size=P*G,
+gradient_accumulation_steps=1, num_iterations=1; mmrl: one microbatch of P*G).
+
+Interleaving: TRL's own training loop runs (`trainer.train()`); a callback at each TRL
+`on_step_end` runs one mmrl step (`mmrl.trainer.setup`'d run: `collect` + `update`), so the two
+alternate step by step. A TRL step is timed from the end of the previous callback to its
+`on_step_end` (data loading, generation, scoring, backward, optimizer, logging included).
+Optionally (`--floor`) the naive floor of benchmarks/vlm_floor.py runs in the same rotation.
+
+    pip install -r benchmarks/requirements.txt
+    python benchmarks/vlm_vs_trl.py [--repeats 10] [--warmup 2] [--cases S:56,M:56,S:448] [--floor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common import machine, median, table  # noqa: E402
+from vlm_floor import (SIZES, Workload, floor_contender, mmrl_contender, parse_cases,  # noqa: E402
+                       profile_mmrl)
+
+
+def trl_reward(completions, **_):
+    """The same cheap reward as vlm_floor.text_length_reward."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [float(len(t) % 7) for t in texts]
+
+
+def trl_trainer(w: Workload, steps: int, callback):
+    from datasets import Dataset
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import GRPOConfig, GRPOTrainer
+    from vlm.generation import blocked_token_ids, stop_token_ids
+    from vlm.prompts import format_text
+    import io
+
+    processor = AutoProcessor.from_pretrained(w.folder)
+    model = AutoModelForImageTextToText.from_pretrained(w.folder, dtype=torch.float32)
+    model.model.visual.requires_grad_(False)                    # mmrl's default freeze_vision=true
+    blocked = blocked_token_ids(model, processor.tokenizer, stop_token_ids(model, processor.tokenizer))
+    rows = [{"prompt": [{"role": "user", "content": format_text(r["prompt"], "r1")}],
+             "images": [Image.open(io.BytesIO(r["images"][0])).convert("RGB")]} for r in w.records]
+    n = w.prompts * w.group
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-", dir=w.root), per_device_train_batch_size=n,
+        gradient_accumulation_steps=1, num_generations=w.group, max_completion_length=w.new_tokens,
+        learning_rate=w.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        beta=0.0, num_iterations=1, temperature=1.0, top_p=1.0, top_k=0,
+        generation_kwargs={"suppress_tokens": blocked},           # the tokens mmrl's generation blocks
+        max_steps=steps, logging_steps=10 ** 6, save_strategy="no", report_to="none", bf16=False, fp16=False,
+        gradient_checkpointing=False, use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=[trl_reward], args=args, train_dataset=Dataset.from_list(rows),
+                          processing_class=processor, callbacks=[callback])
+    return trainer
+
+
+def make_callback(others: dict):
+    from transformers import TrainerCallback
+
+    class Interleave(TrainerCallback):
+        def __init__(self):
+            self.times = {"trl": [], **{k: [] for k in others}}
+            self.mark = None
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.mark = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times["trl"].append(time.perf_counter() - self.mark)
+            for name, fn in others.items():
+                t0 = time.perf_counter()
+                fn()
+                self.times[name].append(time.perf_counter() - t0)
+            self.mark = time.perf_counter()
+
+    return Interleave()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=10, help="timed steps per contender (after warm-up)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--cases", default="S:56,M:56,S:448", help=f"size:image_side, comma separated (sizes: {', '.join(SIZES)})")
+    ap.add_argument("--prompts", type=int, default=2, help="prompts per step")
+    ap.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--floor", action="store_true", help="also time the naive floor (benchmarks/vlm_floor.py)")
+    ap.add_argument("--profile", action="store_true", help="also print a cProfile summary of mmrl's step")
+    args = ap.parse_args()
+    import logging
+    import warnings
+
+    import transformers
+    import trl
+
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    rows, ratios = [], []
+    with tempfile.TemporaryDirectory(prefix="vlm-vs-trl-") as root:
+        for size, side in parse_cases(args.cases):
+            w = Workload(size, side, args.prompts, args.group, args.new_tokens, args.lr, root)
+            others = {"mmrl": mmrl_contender(w)}
+            if args.floor:
+                others["floor"] = floor_contender(w)
+            cb = make_callback(others)
+            trainer = trl_trainer(w, args.warmup + args.repeats, cb)
+            trainer.train()
+            t = {k: median(v[args.warmup:]) for k, v in cb.times.items()}
+            row = [f"{size} {side}px", (side // 28) ** 2, args.prompts, args.group, args.new_tokens,
+                   t["trl"], t["mmrl"]]
+            if args.floor:
+                row += [t["floor"], t["trl"] / t["floor"], t["mmrl"] / t["floor"]]
+            row.append(t["trl"] / t["mmrl"])
+            rows.append(row)
+            ratios.append(t["trl"] / t["mmrl"])
+            if args.profile:
+                print(f"\n[{size} {side}px]\n" + profile_mmrl(others["mmrl"]), flush=True)
+    header = ["case", "img tok/prompt", "P", "G", "max new", "TRL s/step", "mmrl s/step"]
+    if args.floor:
+        header += ["floor s/step", "TRL/floor", "mmrl/floor"]
+    header.append("TRL/mmrl")
+    print(table(f"VLM GRPO step, TRL {trl.__version__} vs mmrl (transformers {transformers.__version__}; "
+                f"{machine()}; median of {args.repeats} interleaved steps after {args.warmup} warm-up)", header, rows))
+    print(f"headline: TRL / mmrl = {ratios[-1]:.3f} at {rows[-1][0]} (goal >= 1.5); all cases: "
+          + ", ".join(f"{r[0]} {r[-1]:.3f}" for r in rows))
+
+
+if __name__ == "__main__":
+    main()
