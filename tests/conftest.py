@@ -20,3 +20,18 @@ def bandit_config() -> str:
 def mmrl_cmd(*args: str) -> list[str]:
     """The CLI as a subprocess: `python -m mmrl ...` with the test's interpreter."""
     return [sys.executable, "-m", "mmrl", *args]
+
+
+@pytest.fixture
+def eval_curve_of():
+    """`eval_curve_of(config, out_dir, *overrides)`: train `config` in process and return its
+    held-out curve [(step, eval/reward/mean), ...] read back from metrics.jsonl."""
+    from mmrl.config import load_config
+    from mmrl.summary import read_rows
+    from mmrl.trainer import train
+
+    def run(config: str, out_dir, *overrides: str) -> list[tuple[int, float]]:
+        train(load_config(config, [f"output_dir={out_dir}", *overrides]))
+        return [(r["step"], r["eval/reward/mean"]) for r in read_rows(str(out_dir)) if "eval/reward/mean" in r]
+
+    return run

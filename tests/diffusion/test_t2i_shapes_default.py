@@ -4,7 +4,6 @@ held-out reward and leaves its artifacts, and the pretraining script writes a lo
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,30 +16,16 @@ SHORT_STEPS = 40          # the shortened default (the full one trains 50 steps)
 SHORT_MARGIN = 0.2        # eval/reward/mean(step 40) - eval/reward/mean(step 0): measured +0.29..+0.41 for seeds 0-2
 
 
-def _train(out_dir, *overrides: str) -> list[dict]:
-    from mmrl.config import load_config
-    from mmrl.trainer import train
-
-    cfg = load_config(CONFIG, [f"output_dir={out_dir}", f"policy.model={MODEL}", *overrides])
-    train(cfg)
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def _eval_curve(rows: list[dict]) -> list[tuple[int, float]]:
-    return [(r["step"], r["eval/reward/mean"]) for r in rows if "eval/reward/mean" in r]
-
-
-def test_committed_model_loads_offline_with_a_low_but_nonzero_held_out_score(tmp_path):
+def test_committed_model_loads_offline_with_a_low_but_nonzero_held_out_score(tmp_path, eval_curve_of):
     """Washed-out shapes: the verifier recognises some, not most (step-0 held-out reward)."""
     assert os.path.isfile(os.path.join(MODEL, "model_index.json")), "assets/tiny/shapes_t2i is missing"
-    curve = _eval_curve(_train(tmp_path, "max_steps=0", "eval.every=1"))
+    curve = eval_curve_of(CONFIG, tmp_path, f"policy.model={MODEL}", "max_steps=0", "eval.every=1")
     assert curve and curve[0][0] == 0, curve
     assert 0.05 <= curve[0][1] <= 0.35, f"pretrained held-out shapes_t2i {curve[0][1]} outside [0.05, 0.35]"
 
 
-def test_shortened_default_raises_the_held_out_reward(tmp_path):
-    curve = _eval_curve(_train(tmp_path, f"max_steps={SHORT_STEPS}", f"eval.every={SHORT_STEPS}"))
+def test_shortened_default_raises_the_held_out_reward(tmp_path, eval_curve_of):
+    curve = eval_curve_of(CONFIG, tmp_path, f"policy.model={MODEL}", f"max_steps={SHORT_STEPS}", f"eval.every={SHORT_STEPS}")
     (first_step, first), (last_step, last) = curve[0], curve[-1]
     assert (first_step, last_step) == (0, SHORT_STEPS), curve
     assert last - first >= SHORT_MARGIN, f"held-out reward {first:.3f} -> {last:.3f} (want +{SHORT_MARGIN})"
