@@ -1,1 +1,13 @@
+"""mmrl: reinforcement learning for multimodal models, one policy-gradient core.
 
+The public types an adapter, a reward or a script needs are importable from here:
+
+    from mmrl import Policy, PromptBatch, Rollout, Scores, Reference, BuildContext, Sample, Registry, load_object
+"""
+
+from mmrl.policies import BuildContext
+from mmrl.registry import Registry, load_object
+from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
+from rewards.sample import Sample
+
+__all__ = ["BuildContext", "Policy", "PromptBatch", "Reference", "Registry", "Rollout", "Sample", "Scores", "load_object"]

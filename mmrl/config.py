@@ -68,7 +68,7 @@ class AlgoConfig:
     filter: str = "none"                  # none | dynamic (DAPO) | starpo (keep the highest-spread groups)
     filter_keep_frac: float = 0.5         # starpo: fraction of groups kept
     max_resample_rounds: int = 3          # dynamic: extra rollout rounds to fill the step
-    best_of_n: int = 0                    # keep the k best and k worst samples of each group (DanceGRPO); 0 = all
+    best_worst_k: int = 0                 # keep the k best and k worst samples of each group (2k of G; DanceGRPO); 0 = all
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    progress: bool = True                 # progress bar with step, reward and time
+    progress: bool = True                 # live reward and held-out reward: a bar on a terminal, else a plain line every ~10% of the run
     tensorboard: bool = False             # needs the `tensorboard` extra
     wandb: bool = False                   # needs the `wandb` extra
     wandb_project: str = "mmrl"
@@ -168,19 +168,38 @@ def _parse_overrides(overrides: list[str]):
         raise ConfigError(f"cannot parse overrides {overrides}: {e}") from None
 
 
+# Keys that were renamed: old dotted key -> (new key, why). Using an old key is an error naming the new one.
+RENAMED = {
+    "algo.best_of_n": ("algo.best_worst_k", "it keeps the k best and k worst samples of a group, 2k in all"),
+}
+
+
+def _check_renamed(layers) -> None:
+    for old, (new, why) in RENAMED.items():
+        for layer in layers:
+            if OmegaConf.select(layer, old, default=_ABSENT) is not _ABSENT:
+                raise ConfigError(f"config key '{old}' was renamed to '{new}' ({why}); use {new}")
+
+
+_ABSENT = object()
+
+
 def load_config(path: str | None, overrides: list[str] = ()) -> Config:
-    """YAML file + `key=value` overrides -> a validated, frozen `Config`."""
+    """YAML file + `key=value` overrides -> a frozen `Config`, checked in full (`mmrl.checks`)
+    before anything is built."""
+    from mmrl.checks import check_all
     from mmrl.policies import policy_config_class
 
     layers = ([_read_yaml(path)] if path else []) + [_parse_overrides(list(overrides))]
+    _check_renamed(layers)
     merged = _merge(Config, *layers)
     policy_raw = merged.policy
     if policy_raw is None or not OmegaConf.is_dict(policy_raw) or "name" not in policy_raw:
         raise ConfigError("config section 'policy' must be a mapping with a 'name' (e.g. policy.name=bandit)")
     try:
         policy_cls = policy_config_class(str(policy_raw.name))
-    except KeyError as e:
-        raise ConfigError(f"config key 'policy.name': {e.args[0]}") from None
+    except ValueError as e:  # the registry's message names the key and the valid names
+        raise ConfigError(str(e)) from None
     policy_node = _merge(policy_cls, policy_raw, prefix="policy.")
     OmegaConf.set_readonly(merged, False)
     merged.policy = None
@@ -190,26 +209,8 @@ def load_config(path: str | None, overrides: list[str] = ()) -> Config:
     except OmegaConfBaseException as e:
         raise _explain(e, Config) from None
     cfg = dataclasses.replace(cfg, policy=policy)
-    validate(cfg)
+    check_all(cfg)
     return cfg
-
-
-def validate(cfg: Config) -> None:
-    """Cross-field checks that types alone cannot express."""
-    t = cfg.train
-    for name in ("prompts_per_step", "group_size", "update_epochs", "samples_per_microbatch"):
-        if getattr(t, name) < 1:
-            raise ConfigError(f"config key 'train.{name}' must be >= 1, got {getattr(t, name)}")
-    if t.grad_accum_steps < 0:
-        raise ConfigError(f"config key 'train.grad_accum_steps' must be >= 0, got {t.grad_accum_steps}")
-    if cfg.max_steps < 0:
-        raise ConfigError(f"config key 'max_steps' must be >= 0, got {cfg.max_steps}")
-    if cfg.precision not in ("fp32", "bf16", "fp16"):
-        raise ConfigError(f"config key 'precision' must be one of fp32, bf16, fp16; got {cfg.precision!r}")
-    if not cfg.data.train:
-        raise ConfigError("config key 'data.train' is empty: name a .jsonl/.json/.parquet file or 'module:function'")
-    if not cfg.rewards:
-        raise ConfigError("config key 'rewards' is empty: list at least one reward, e.g. [{name: format}]")
 
 
 def to_yaml(cfg: Config) -> str:

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from mmrl.advantages import group_stats
 from mmrl.registry import Registry
 
 FILTERS: Registry = Registry("group filter")
@@ -16,11 +17,7 @@ FILTERS: Registry = Registry("group filter")
 
 def group_spread(r: torch.Tensor) -> torch.Tensor:
     """Unbiased std of each group's valid rewards, 0 with fewer than two. [P, G] -> [P]"""
-    valid = ~torch.isnan(r)                                          # [P, G]
-    n = valid.sum(1)                                                 # [P]
-    mean = torch.where(valid, r, 0.0).sum(1) / n.clamp(min=1)        # [P]
-    sq = torch.where(valid, (r - mean[:, None]) ** 2, 0.0).sum(1)    # [P]
-    return torch.where(n >= 2, (sq / (n - 1).clamp(min=1)).sqrt(), 0.0)
+    return group_stats(r).std[:, 0]                                  # [P]
 
 
 @FILTERS.register("none")
@@ -32,10 +29,7 @@ def keep_all(r: torch.Tensor, keep_frac: float = 1.0) -> torch.Tensor:
 def has_signal(r: torch.Tensor, keep_frac: float = 1.0) -> torch.Tensor:
     """DAPO dynamic sampling (arXiv 2503.14476): drop groups whose valid rewards are all
     equal. The trainer then samples more prompts until the step is full."""
-    valid = ~torch.isnan(r)
-    hi = torch.where(valid, r, -torch.inf).amax(1)
-    lo = torch.where(valid, r, torch.inf).amin(1)
-    return (valid.sum(1) >= 2) & (hi > lo)                           # [P]
+    return group_stats(r).has_signal[:, 0]                           # [P]
 
 
 @FILTERS.register("starpo")
@@ -58,7 +52,7 @@ def best_and_worst(r: torch.Tensor, k: int) -> torch.Tensor:
     than 2k valid rewards are filled with their unscorable samples (advantage 0 anyway)."""
     p, g = r.shape
     if not 1 <= k <= g // 2:
-        raise ValueError(f"algo.best_of_n must be between 1 and group_size/2 = {g // 2}, got {k}")
+        raise ValueError(f"algo.best_worst_k must be between 1 and group_size/2 = {g // 2}, got {k}")
     rows = []
     for row in r:                                                       # [G]
         valid = ~torch.isnan(row)

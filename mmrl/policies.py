@@ -1,20 +1,23 @@
-"""Policy (adapter) registry: `policy.name` -> the module that builds it.
+"""Policy (adapter) registry: `policy.name` -> the adapter that builds it.
 
-Modules are named as strings and imported only when a config asks for them, so the core
-never imports an adapter at module level. Each module defines a frozen dataclass
-`Config` (its `policy:` section; a `name: str` field included) and
-`build(cfg: Config, ctx: BuildContext) -> Policy`.
+An adapter is a module (or any object) with
+    Config                      a frozen dataclass: its `policy:` section, a `name: str` field included
+    build(cfg, ctx) -> Policy   builds the policy (loads models); `ctx` is a `BuildContext`
+    validate(cfg)               optional: pure checks of the section (no model loaded), raising
+                                ValueError naming the key; run when the config is loaded
+`policy.name` is a registered name (below; imported only when a config asks for it, so the core
+never imports an adapter at module level) or a reference 'package.module:attr' /
+'path/to/file.py:attr' to a third-party adapter, which needs no edit of mmrl.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from mmrl.registry import Registry
+from mmrl.registry import LookupFailed, Registry
 
-POLICIES: Registry = Registry("policy")
+POLICIES: Registry = Registry("policy", references=True)
 POLICIES.update({
     "bandit": "mmrl.bandit",          # test-only contextual bandit (proves the loop)
     "vlm": "vlm.policy",              # image-text-to-text models (vlm/)
@@ -31,18 +34,34 @@ class BuildContext:
     output_dir: str
     precision: str         # fp32 | bf16 | fp16
     accelerator: Any = None
-    kl_beta: float = 0.0   # algo.kl_beta: adapters skip building a reference when it is 0
+    kl_beta: float = 0.0   # algo.kl_beta: adapters build no reference when it is 0
 
 
-def policy_module(name: str):
-    if name not in POLICIES:
-        raise KeyError(f"unknown policy {name!r}; valid names: {', '.join(sorted(POLICIES))}")
-    return importlib.import_module(POLICIES[name])
+def adapter(name: str):
+    """The adapter named by `policy.name`, checked to have `Config` and `build`."""
+    obj = POLICIES.resolve(name, "policy.name")
+    missing = [a for a in ("Config", "build") if not hasattr(obj, a)]
+    if missing:
+        raise LookupFailed(f"config key 'policy.name': {name!r} is not an adapter (it has no "
+                           f"{' and no '.join(missing)}); an adapter defines a `Config` dataclass and "
+                           "`build(cfg, ctx)`")
+    return obj
 
 
 def policy_config_class(name: str) -> type:
-    return policy_module(name).Config
+    return adapter(name).Config
+
+
+def validate_policy(cfg) -> None:
+    """The adapter's own checks of its section, if it has any."""
+    check = getattr(adapter(cfg.name), "validate", None)
+    if check is not None:
+        check(cfg)
 
 
 def build_policy(cfg, ctx: BuildContext):
-    return policy_module(cfg.name).build(cfg, ctx)
+    from mmrl.types import check_policy
+
+    policy = adapter(cfg.name).build(cfg, ctx)
+    check_policy(policy, cfg.name)                # every member of the Policy protocol, generate_eval included
+    return policy

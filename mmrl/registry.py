@@ -1,39 +1,11 @@
-"""Flat name -> object registries for the config boundary (STYLE.md rule 5)."""
+"""The config boundary's one lookup mechanism: `Registry`, `load_object`.
 
-from __future__ import annotations
+Flat name -> object registries filled by a decorator; unknown names are errors that list the
+valid ones; references 'package.module:attr' and 'path/to/file.py:attr' load user plug-ins.
+Defined in `rewards.lookup` (the bottom of the dependency order, so rewards can use it
+without importing the core) and re-exported here for the core and the adapters.
+"""
 
-import importlib
-from typing import Callable, Generic, TypeVar
+from rewards.lookup import LookupFailed, Registry, is_reference, load_object, unexpected_kwargs
 
-T = TypeVar("T")
-
-
-class Registry(Generic[T], dict):
-    """A `dict` of name -> object whose failed look-up names the valid keys.
-
-    Values may be lazy `"package.module:attribute"` strings, imported on first use, so
-    the core can name adapters without importing them at module level.
-    """
-
-    def __init__(self, kind: str):
-        super().__init__()
-        self.kind = kind
-
-    def register(self, name: str) -> Callable[[T], T]:
-        def deco(obj: T) -> T:
-            self[name] = obj
-            return obj
-
-        return deco
-
-    def get_item(self, name: str, field: str | None = None) -> T:
-        if name not in self:
-            where = f" (config key '{field}')" if field else ""
-            raise KeyError(f"unknown {self.kind} {name!r}{where}; valid names: {', '.join(sorted(self))}")
-        value = self[name]
-        if isinstance(value, str):
-            module, _, attr = value.partition(":")
-            value = getattr(importlib.import_module(module), attr)
-            self[name] = value
-        return value
-
+__all__ = ["LookupFailed", "Registry", "is_reference", "load_object", "unexpected_kwargs"]

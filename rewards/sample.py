@@ -1,4 +1,4 @@
-"""The one thing every reward scores: a `Sample` (DESIGN.md, public contract)."""
+"""The one thing every reward scores: a `Sample` (a public contract: README "Rewards")."""
 
 from __future__ import annotations
 

@@ -18,6 +18,8 @@ Each converter raises `RowError` with the reason; the reader adds the file and r
 
 from __future__ import annotations
 
+from mmrl.registry import Registry
+
 IMAGE_MARK = "<image>"
 
 
@@ -116,7 +118,8 @@ def verl(row: dict) -> dict:
     return out
 
 
-CONVERTERS = {"mmrl": mmrl, "easyr1": easyr1, "trl": trl, "verl": verl}
+CONVERTERS: Registry = Registry("dataset format", references=True)
+CONVERTERS.update({"mmrl": mmrl, "easyr1": easyr1, "trl": trl, "verl": verl})
 
 
 def detect(row: dict) -> str:
@@ -131,6 +134,6 @@ def detect(row: dict) -> str:
 
 
 def converter(name: str):
-    if name not in CONVERTERS:
-        raise ValueError(f"unknown dataset format {name!r}; valid: auto, {', '.join(CONVERTERS)}")
-    return CONVERTERS[name]
+    """A converter by format name (`auto` is resolved per row by `detect`), or a user converter
+    'module:fn' / 'file.py:fn' taking a row and returning an mmrl record."""
+    return CONVERTERS.resolve(name)

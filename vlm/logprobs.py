@@ -1,5 +1,5 @@
 """`TokenScorer`: the one forward that scores sampled tokens, for the rollout's old log-probs and
-for every training microbatch (STYLE.md rule 3), so the first on-policy ratio is exactly 1.
+for every training microbatch (rollout scoring and training share it), so the first on-policy ratio is exactly 1.
 
 Notation: n rows, P prompt width, T completion width of a layout, V vocabulary, H hidden.
 The scored distribution is the one the rollout sampled from (before top-p/top-k, as in veRL

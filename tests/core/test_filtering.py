@@ -34,19 +34,19 @@ def test_group_spread_by_hand():
 
 
 def test_none_keeps_everything():
-    assert FILTERS.get_item("none")(R, 0.5).tolist() == [True] * 7
+    assert FILTERS.resolve("none")(R, 0.5).tolist() == [True] * 7
 
 
 def test_dynamic_drops_zero_spread_and_short_groups():
-    assert FILTERS.get_item("dynamic")(R).tolist() == [True, False, True, False, True, False, False]
+    assert FILTERS.resolve("dynamic")(R).tolist() == [True, False, True, False, True, False, False]
 
 
 def test_dynamic_keeps_tiny_but_real_spread():
-    assert FILTERS.get_item("dynamic")(T([[0.5, 0.5 + 1e-6], [NAN, 1.0]])).tolist() == [True, False]
+    assert FILTERS.resolve("dynamic")(T([[0.5, 0.5 + 1e-6], [NAN, 1.0]])).tolist() == [True, False]
 
 
 def test_starpo_keeps_highest_spread():
-    starpo = FILTERS.get_item("starpo")
+    starpo = FILTERS.resolve("starpo")
     # spreads [0.577, 0, 1, 0, 2, 0, 0]; P = 7
     assert starpo(R, 0.25).tolist() == [False, False, True, False, True, False, False]   # ceil(1.75) = 2
     assert starpo(R, 3 / 7).tolist() == [True, False, True, False, True, False, False]   # ceil(3.0) = 3
@@ -57,29 +57,29 @@ def test_starpo_keeps_highest_spread():
 def test_starpo_ceil_is_robust_to_float_products():
     # 0.6 * 5 = 3.0000000000000004 in floating point; ceil(0.6 * 5) is 3
     r = T([[0, 5], [0, 4], [0, 3], [0, 2], [0, 1]])
-    assert FILTERS.get_item("starpo")(r, 0.6).tolist() == [True, True, True, False, False]
+    assert FILTERS.resolve("starpo")(r, 0.6).tolist() == [True, True, True, False, False]
     # 0.7 * 10 = 7.000000000000001 -> 7
     r10 = T([[0, float(10 - i)] for i in range(10)])
-    assert int(FILTERS.get_item("starpo")(r10, 0.7).sum()) == 7
+    assert int(FILTERS.resolve("starpo")(r10, 0.7).sum()) == 7
 
 
 def test_starpo_ties_by_index():
     # spreads [0.7071, 0.7071, 1.4142, 0.7071]: keep 2 -> row 2, then the first of the tied rows
     r = T([[0, 1], [1, 0], [0, 2], [5, 6]])
-    assert FILTERS.get_item("starpo")(r, 0.5).tolist() == [True, False, True, False]
+    assert FILTERS.resolve("starpo")(r, 0.5).tolist() == [True, False, True, False]
     # all tied: the first k by index
-    assert FILTERS.get_item("starpo")(T([[1, 1]] * 5), 0.4).tolist() == [True, True, False, False, False]
+    assert FILTERS.resolve("starpo")(T([[1, 1]] * 5), 0.4).tolist() == [True, True, False, False, False]
 
 
 @pytest.mark.parametrize("frac", [0.0, -0.1, 1.5, float("nan")])
 def test_starpo_rejects_fraction_outside_unit_interval(frac):
     with pytest.raises(ValueError, match=r"filter_keep_frac must be in \(0, 1\]"):
-        FILTERS.get_item("starpo")(R, frac)
+        FILTERS.resolve("starpo")(R, frac)
 
 
 def test_unknown_filter_lists_names():
     with pytest.raises(KeyError, match="unknown group filter 'topk'.*dynamic, none, starpo"):
-        FILTERS.get_item("topk", "algo.filter")
+        FILTERS.resolve("topk", "algo.filter")
 
 
 @settings(max_examples=40, deadline=None)
@@ -87,7 +87,7 @@ def test_unknown_filter_lists_names():
        pct=st.integers(1, 100))
 def test_starpo_count_and_order(rows, pct):
     r = T(rows)
-    keep = FILTERS.get_item("starpo")(r, pct / 100)
+    keep = FILTERS.resolve("starpo")(r, pct / 100)
     assert int(keep.sum()) == max(1, math.ceil(Fraction(pct, 100) * len(rows)))  # exact ceil
     spread = group_spread(r)
     if keep.any() and (~keep).any():
@@ -96,7 +96,7 @@ def test_starpo_count_and_order(rows, pct):
 
 @pytest.mark.parametrize("name", sorted(FILTERS))
 def test_every_filter_returns_bool_per_group(name):
-    keep = FILTERS.get_item(name)(R, 0.5)
+    keep = FILTERS.resolve(name)(R, 0.5)
     assert keep.dtype == torch.bool and keep.shape == (R.shape[0],)
 
 
@@ -109,12 +109,12 @@ def test_best_and_worst_by_hand():
     idx = best_and_worst(r, 2)
     assert idx[0].tolist() == [1, 4, 5, 0]          # 0.9, 0.7 | 0.2, 0.1
     assert idx[1].tolist() == [0, 5, 2, 1]          # only 3 valid: all of them, then an unscorable one
-    with pytest.raises(ValueError, match="best_of_n"):
+    with pytest.raises(ValueError, match="best_worst_k"):
         best_and_worst(r, 4)
 
 
-def test_best_of_n_in_training_keeps_2k_per_group(tmp_path):
-    run_bandit(tmp_path, "max_steps=3", "algo.best_of_n=2", "logging.save_samples_every=1")
+def test_best_worst_k_in_training_keeps_2k_per_group(tmp_path):
+    run_bandit(tmp_path, "max_steps=3", "algo.best_worst_k=2", "logging.save_samples_every=1")
     rows = [json.loads(line) for line in open(tmp_path / "samples" / "step_000001.jsonl")]
     assert len(rows) == 4 * 4                        # P=4 groups x 2k=4
     assert len(train_rows(tmp_path)) == 3

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from mmrl.losses import (AGGREGATIONS, KL_ESTIMATORS, LossSpec, Normalizer, aggregate, clipped_surrogate,
                          kl_estimate, kl_k1, kl_k2, kl_k3, policy_loss)
+from mmrl.reduce import Metric
 from mmrl.types import Scores
 
 FAST = settings(max_examples=50, deadline=None)
@@ -22,6 +23,7 @@ def T(rows):
 
 
 def close(actual, expected, atol=1e-5):
+    actual = actual.value if isinstance(actual, Metric) else actual      # losses declare their metrics
     exp = expected if isinstance(expected, torch.Tensor) else T(expected)
     torch.testing.assert_close(actual.float(), exp, rtol=0, atol=atol)
 
@@ -152,8 +154,8 @@ def test_on_policy_loss_is_minus_advantage(b, clip_low, clip_high, dual, level):
                              dual_clip=dual, level=level)
     assert torch.equal(l, -adv[:, None].expand_as(l))
     for k in ("clip_frac", "clip_frac/low", "clip_frac/high", "clip_frac/dual", "approx_kl", "ratio/max_abs_dev"):
-        assert float(m[k]) == 0.0, k
-    assert float(m["ratio/mean"]) == 1.0
+        assert float(m[k].value) == 0.0, k
+    assert float(m["ratio/mean"].value) == 1.0
 
 
 @FAST
@@ -191,7 +193,7 @@ def test_aggregation_table(mode):
 
 def test_aggregation_registry_is_covered():
     assert set(AGGREGATIONS) == set(AGG_TABLE)
-    with pytest.raises(KeyError, match="unknown loss aggregation 'sum'.*algo.aggregation.*token-mean"):
+    with pytest.raises(KeyError, match="'algo.aggregation': unknown loss aggregation 'sum'.*token-mean"):
         aggregate(L, M, "sum")
 
 
@@ -246,7 +248,7 @@ def test_kl_estimators_by_hand():
     close(kl_k3(logp, ref), [0, math.e - 2, math.exp(-1)])        # e^d - d - 1: [0, 0.7182818, 0.3678794]
     close(kl_estimate(logp, ref, "k3"), [0, 0.7182818, 0.3678794])
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
-    with pytest.raises(KeyError, match="unknown KL estimator 'k4'.*algo.kl_estimator.*k1, k2, k3"):
+    with pytest.raises(KeyError, match="'algo.kl_estimator': unknown KL estimator 'k4'.*k1, k2, k3"):
         kl_estimate(logp, ref, "k4")
 
 

@@ -1,4 +1,4 @@
-"""The reward contract, parametrized over every registered built-in (DESIGN.md: list[Sample] -> list[float | None]).
+"""The reward contract, parametrized over every registered built-in (README "Rewards": list[Sample] -> list[float | None]).
 
 A newly registered reward fails here until it gets an entry in SPECS below.
 """
@@ -67,7 +67,7 @@ def image_samples():
 
 
 def shapes_image_samples():
-    from rewards.shapes.tasks import render_prompt, t2i_prompt_space
+    from shapes_world.tasks import render_prompt, t2i_prompt_space
 
     specs = t2i_prompt_space()[:3]
     return [Sample(s["prompt"], render_prompt(s, i), meta=s) for i, s in enumerate(specs)]
