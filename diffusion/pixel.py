@@ -7,24 +7,35 @@ entry, hence `vae_scale_factor = 2 ** (len - 1) = 1`). The "latents" are then RG
 ([B, 3, H, W]) and every family's decoding code (`(z / scaling_factor) + shift_factor`, then
 `vae.decode`) works unchanged. It has no weights; diffusers saves it as `["diffusion.pixel",
 "PixelAutoencoder"]` in model_index.json and imports this module to load it (mmrl must be installed).
+
+It subclasses `AutoencoderKL` because the pipelines type their `vae` argument as one and
+`DiffusionPipeline.from_pretrained` warns about any component of another type, but it builds none
+of AutoencoderKL's layers (`__init__` skips AutoencoderKL's own): it overrides the encode/decode/forward
+that the pipelines call, and AutoencoderKL's tiling, slicing and QKV fusion do not apply to it.
 """
 
 from __future__ import annotations
 
 import torch
-from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers import AutoencoderKL
+from diffusers.configuration_utils import register_to_config
 from diffusers.models.autoencoders.vae import DecoderOutput, DiagonalGaussianDistribution
 from diffusers.models.modeling_outputs import AutoencoderKLOutput
 from diffusers.models.modeling_utils import ModelMixin
 
 
-class PixelAutoencoder(ModelMixin, ConfigMixin):
+class PixelAutoencoder(AutoencoderKL):
     """Identity VAE: latents are pixels in [-1, 1]."""
+
+    _supports_gradient_checkpointing = False
+    _no_split_modules = []
+    _group_offload_block_modules = []
 
     @register_to_config
     def __init__(self, in_channels: int = 3, latent_channels: int = 3, block_out_channels: tuple = (1,),
                  scaling_factor: float = 1.0, shift_factor: float = 0.0, sample_size: int = 32):
-        super().__init__()
+        ModelMixin.__init__(self)  # not AutoencoderKL.__init__: no encoder or decoder to build
+        self.use_slicing = self.use_tiling = False
         if in_channels != latent_channels or len(block_out_channels) != 1:
             raise ValueError("PixelAutoencoder is the identity: in_channels must equal latent_channels and "
                              f"block_out_channels have one entry (no downsampling); got {in_channels}, "

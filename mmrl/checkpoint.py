@@ -4,7 +4,11 @@ Layout of `output_dir/checkpoints/`:
     step_000010/   policy.safetensors, optimizer.pt, scheduler.pt, rng.pt, state.json
     latest         the name of the newest complete checkpoint (replaced atomically)
 A directory named `step_*` is complete by construction, so a kill at any moment leaves
-the previous `latest` usable.
+the previous `latest` usable. What a killed write leaves behind (`.tmp_step_*_<pid>`,
+`step_*.old_<pid>`, `<file>.tmp-<pid>`) is cleared by `clean_stale` when the next run starts.
+
+Errors: a failed write (full disk, read-only folder) raises `CheckpointError` (the run stops);
+a checkpoint that this run cannot load raises `IncompatibleCheckpoint`, a configuration error.
 """
 
 from __future__ import annotations
@@ -12,12 +16,24 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 
 import numpy as np
 import torch
 
+from mmrl.config import ConfigError
+
 PREFIX = "step_"
+FILES = ("policy.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
+
+
+class CheckpointError(RuntimeError):
+    """Writing a checkpoint failed (full disk, read-only folder); the CLI stops the run with exit code 1."""
+
+
+class IncompatibleCheckpoint(ConfigError):
+    """`resume` names a checkpoint this run cannot continue from (exit code 2)."""
 
 
 def _fsync_dir(path: str) -> None:
@@ -36,13 +52,27 @@ def _fsync_tree(path: str) -> None:
         _fsync_dir(dirpath)
 
 
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
 def write_text_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
 
 
 def rng_state() -> dict:
@@ -60,30 +90,66 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(root: str, step: int, policy, optimizer, scheduler, trainer_state: dict, keep_last: int = 2) -> str:
-    """Write checkpoint `step` under `root` atomically; returns its path."""
-    os.makedirs(root, exist_ok=True)
-    name = f"{PREFIX}{step:06d}"
-    final, tmp = os.path.join(root, name), os.path.join(root, f".tmp_{name}_{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+def _torch_save(obj, path: str) -> None:
+    try:
+        torch.save(obj, path)
+    except RuntimeError as e:  # torch reports a failed write (a full disk, say) as a RuntimeError
+        raise OSError(f"torch.save could not write {path!r}: {e}") from e
+
+
+def _write(tmp: str, step: int, policy, optimizer, scheduler, trainer_state: dict) -> None:
+    from safetensors import SafetensorError
+
     os.makedirs(tmp)
-    policy.save(os.path.join(tmp, "policy.safetensors"))
-    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-    torch.save(scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
-    torch.save(rng_state(), os.path.join(tmp, "rng.pt"))
+    try:
+        policy.save(os.path.join(tmp, "policy.safetensors"))
+    except SafetensorError as e:  # how safetensors reports a failed write
+        raise OSError(f"cannot write {os.path.join(tmp, 'policy.safetensors')!r}: {e}") from e
+    _torch_save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    _torch_save(scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
+    _torch_save(rng_state(), os.path.join(tmp, "rng.pt"))
     with open(os.path.join(tmp, "state.json"), "w") as f:
         json.dump({"step": step, **trainer_state}, f, indent=1)
     _fsync_tree(tmp)
-    if os.path.exists(final):  # re-saving a step after a resume: move the old one aside first
-        old = final + f".old_{os.getpid()}"
-        os.rename(final, old)
+
+
+def _publish(tmp: str, final: str) -> None:
+    """Rename the written `tmp` to `final`; a `final` already there (a step saved again after a
+    resume) is moved aside first and put back if the rename fails."""
+    if not os.path.exists(final):
         os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
+        return
+    old = final + f".old_{os.getpid()}"
+    os.rename(final, old)
+    try:
         os.rename(tmp, final)
-    _fsync_dir(root)
-    write_text_atomic(os.path.join(root, "latest"), name + "\n")
-    _prune(root, keep_last)
+    except OSError:
+        os.rename(old, final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save(root: str, step: int, policy, optimizer, scheduler, trainer_state: dict, keep_last: int = 2) -> str:
+    """Write checkpoint `step` under `root` atomically; returns its path. An OS error (full disk,
+    read-only folder) removes the partial write and raises `CheckpointError`; the previous
+    checkpoint stays the `latest`."""
+    name = f"{PREFIX}{step:06d}"
+    final, tmp = os.path.join(root, name), os.path.join(root, f".tmp_{name}_{os.getpid()}")
+    try:
+        os.makedirs(root, exist_ok=True)
+        _remove(tmp)
+        _write(tmp, step, policy, optimizer, scheduler, trainer_state)
+        _publish(tmp, final)
+        _fsync_dir(root)
+        write_text_atomic(os.path.join(root, "latest"), name + "\n")
+        _prune(root, keep_last)
+    except OSError as e:
+        _remove(tmp)
+        previous = latest(root)
+        kept = (f"the previous checkpoint {previous!r} is intact and resume=auto continues from it"
+                if previous else "no earlier checkpoint exists")
+        raise CheckpointError(f"cannot write checkpoint {name} in {root!r}: {e}. The partial write was removed; "
+                              f"{kept}. Free disk space or make the folder writable, then run again") from None
     return final
 
 
@@ -103,6 +169,50 @@ def _prune(root: str, keep_last: int) -> None:
             shutil.rmtree(os.path.join(root, n), ignore_errors=True)
 
 
+# what interrupted writes leave: `<file>.tmp-<pid>`, `.tmp_step_<n>_<pid>/`, `step_<n>.old_<pid>/`
+_STALE = re.compile(r"^(?:.+\.tmp-|\.tmp_step_\d+_|(?P<step>step_\d+)\.old_)(?P<pid>\d+)$")
+
+
+def _writer_alive(pid: int) -> bool:
+    """Whether process `pid`, another process than this one, may still be writing."""
+    if pid == os.getpid() or pid <= 0:
+        return False  # called at run start, before this process writes anything
+    if os.name == "nt":
+        return True  # no cheap liveness probe there: keep the file
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by another user
+    except (OSError, OverflowError):
+        return False
+    return True
+
+
+def clean_stale(folder: str) -> list[str]:
+    """Remove the temporaries that killed writes left in `folder` (a run or checkpoint directory)
+    and return their names. A `step_*.old_<pid>` folder whose step is missing (a kill between the
+    two renames of `_publish`) is renamed back instead. Temporaries of a live process are kept."""
+    if not os.path.isdir(folder):
+        return []
+    cleaned = []
+    for name in sorted(os.listdir(folder)):
+        m = _STALE.match(name)
+        if not m or _writer_alive(int(m.group("pid"))):
+            continue
+        path, step = os.path.join(folder, name), m.group("step")
+        try:
+            if step and os.path.isdir(path) and not os.path.exists(os.path.join(folder, step)):
+                os.rename(path, os.path.join(folder, step))
+            else:
+                _remove(path)
+        except OSError:
+            continue  # gone already, or not ours to remove: the next run tries again
+        cleaned.append(name)
+    return cleaned
+
+
 def latest(root: str) -> str | None:
     """The newest complete checkpoint: the `latest` pointer, else the highest step."""
     pointer = os.path.join(root, "latest")
@@ -115,13 +225,37 @@ def latest(root: str) -> str | None:
     return found[-1] if found else None
 
 
+def _policy_name(policy) -> str:
+    cfg = getattr(policy, "cfg", None)
+    name, model = getattr(cfg, "name", type(policy).__name__), getattr(cfg, "model", "")
+    return f"{name!r}" + (f" (model {model})" if model else "")
+
+
+def _check_files(path: str) -> None:
+    missing = [n for n in FILES if not os.path.isfile(os.path.join(path, n))]
+    if not missing:
+        return
+    hint = (f"; {path!r} looks like a run directory: pass output_dir={path} resume=auto, or resume={path}/checkpoints/"
+            "step_<n>" if os.path.isdir(os.path.join(path, "checkpoints")) else "")
+    raise IncompatibleCheckpoint(f"config key 'resume': checkpoint {path!r} is missing {', '.join(missing)}; "
+                                 f"an mmrl checkpoint folder holds {', '.join(FILES)}{hint}")
+
+
 def load(path: str, policy, optimizer, scheduler) -> dict:
-    """Restore everything saved by `save`; returns the trainer state (with `step`)."""
-    for name in ("policy.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json"):
-        if not os.path.isfile(os.path.join(path, name)):
-            raise FileNotFoundError(f"checkpoint {path!r} is missing {name}; is it an mmrl checkpoint?")
-    policy.load(os.path.join(path, "policy.safetensors"))
-    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))
+    """Restore everything saved by `save`; returns the trainer state (with `step`). A folder with
+    missing files, or weights of another policy, raise `IncompatibleCheckpoint`."""
+    from safetensors import SafetensorError
+
+    _check_files(path)
+    try:
+        policy.load(os.path.join(path, "policy.safetensors"))
+        optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))
+    except (RuntimeError, ValueError, KeyError, SafetensorError) as e:
+        detail = " ".join(str(e).split())
+        raise IncompatibleCheckpoint(
+            f"config key 'resume': checkpoint {path!r} does not match policy {_policy_name(policy)} of this run: "
+            f"{detail[:400]}{'...' if len(detail) > 400 else ''}. Resume it with the policy section it was "
+            "trained with (its run's config.yaml), or start a new run in another output_dir") from None
     scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=True))
     set_rng_state(torch.load(os.path.join(path, "rng.pt"), weights_only=False))  # our own file
     with open(os.path.join(path, "state.json")) as f:

@@ -20,6 +20,7 @@ def _train(args) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         return _fail(f"configuration error: {e}", EXIT_CONFIG)
+    from mmrl.checkpoint import CheckpointError
     from mmrl.trainer import train
     from mmrl.update import NonFiniteError
     from rewards.scorer import RewardError
@@ -28,7 +29,7 @@ def _train(args) -> int:
         run_dir = train(cfg)
     except ConfigError as e:
         return _fail(f"configuration error: {e}", EXIT_CONFIG)
-    except (RewardError, NonFiniteError) as e:
+    except (RewardError, NonFiniteError, CheckpointError) as e:
         return _fail(f"training stopped: {e}", EXIT_TRAINING)
     except KeyboardInterrupt:
         return _fail("interrupted; the last checkpoint is intact (resume with resume=auto)", 130)

@@ -1,5 +1,5 @@
 """Metric sinks: metrics.jsonl (always), TensorBoard and wandb (when asked and installed),
-and a progress bar. Only the main process writes."""
+and the console progress (`mmrl.console`; `logging.progress`). Only the main process writes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import os
 
 from mmrl.checkpoint import write_text_atomic
+from mmrl.console import Progress
 
 
 def _clean(value):
@@ -35,10 +36,11 @@ def truncate_after(path: str, step: int) -> None:
 
 
 class MetricsSink:
-    def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int, enabled: bool = True):
+    def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int, enabled: bool = True, stream=None):
+        """`stream`: where the progress goes (stderr when None)."""
         self.enabled = enabled
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self.tb = self.wandb = self.bar = None
+        self.tb = self.wandb = self.progress = None
         if not enabled:
             return
         if cfg.logging.tensorboard:
@@ -55,9 +57,7 @@ class MetricsSink:
                 raise RuntimeError("logging.wandb=true needs the wandb extra: pip install 'mmrl[wandb]'") from e
             self.wandb = wandb.init(project=cfg.logging.wandb_project, dir=run_dir, resume="allow")
         if cfg.logging.progress:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="mmrl", unit="step", dynamic_ncols=True)
+            self.progress = Progress(total_steps, start_step, stream)
 
     def log(self, row: dict) -> None:
         if not self.enabled:
@@ -72,15 +72,12 @@ class MetricsSink:
                 self.tb.add_scalar(k, v, step)
         if self.wandb:
             self.wandb.log(numeric, step=step)
-        if self.bar and "loss" in row:
-            self.bar.update(1)
-            reward, secs = row.get("reward/mean"), row.get("time/step_s")
-            self.bar.set_postfix(reward=f"{reward:.3f}" if reward is not None else "-",
-                                 s_per_step=f"{secs:.2f}" if secs is not None else "-")
+        if self.progress:
+            self.progress.update(row)
 
     def close(self) -> None:
-        if self.bar:
-            self.bar.close()
+        if self.progress:
+            self.progress.close()
         if self.tb:
             self.tb.close()
         if self.wandb:

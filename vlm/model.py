@@ -42,7 +42,9 @@ def load_processor(cfg):
 
 def load_model(cfg, device, dtype: torch.dtype):
     from transformers import AutoModelForImageTextToText
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the run's own progress display is the one a user reads
     path = resolve_model(cfg.model)
     kwargs = {"dtype": dtype}
     if cfg.attn_implementation:
@@ -85,7 +87,3 @@ def setup_training(hf, cfg):
         else:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return peft_model
-
-
-def trainable(hf) -> dict[str, torch.nn.Parameter]:
-    return {n: p for n, p in hf.named_parameters() if p.requires_grad}

@@ -1,5 +1,9 @@
 """PixelAutoencoder: the identity VAE that lets a diffusers latent pipeline run in pixel space."""
 
+import logging
+import os
+import warnings
+
 import pytest
 import torch
 
@@ -21,3 +25,33 @@ def test_encode_and_decode_are_the_identity(tmp_path):
 def test_a_non_identity_config_is_refused():
     with pytest.raises(ValueError, match="in_channels must equal latent_channels"):
         PixelAutoencoder(in_channels=3, latent_channels=4)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_loading_the_pixel_space_asset_is_silent(repo_root):
+    """No Python warning and no diffusers/transformers log warning (their loggers do not propagate,
+    so a handler is attached to each) when the T2I default's asset loads."""
+    from diffusion import families
+
+    handler, loggers = _Records(), [logging.getLogger(n) for n in ("diffusers", "transformers")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            family = families.load("sd3", os.path.join(repo_root, "assets", "tiny", "shapes_t2i"),
+                                   families.FamilyOptions(device=torch.device("cpu"), dtype=torch.float32))
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert isinstance(family.pipe.vae, PixelAutoencoder) and family.pipe.vae_scale_factor == 1
+    assert [str(w.message) for w in caught] == []
+    assert [r.getMessage() for r in handler.records if r.levelno >= logging.WARNING] == []
