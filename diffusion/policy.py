@@ -3,8 +3,10 @@
 rollout:      G images per prompt; the log-prob of each trained step (T per sample, see timesteps.py)
 log_probs:    the same steps re-scored with grad through the one `predict` (ratio exactly 1 on-policy)
 KL:           exact Gaussian KL of the SDE step to the reference model's (LoRA disabled, or a frozen
-              copy for full fine-tuning), returned as `Scores.kl`; computed only when the trainer asks
-              for the reference (algo.kl_beta != 0), which it does once per step before the updates.
+              copy for full fine-tuning, built only when algo.kl_beta != 0): `reference_log_probs` returns
+              the reference's SDE-step means as a `Reference` (once per step, before the updates), and
+              `log_probs(rollout, index, reference)` turns them into `Scores.kl`; without a reference it
+              returns no KL, and its log-probs never depend on whether a reference was computed.
 save / load:  the trainable weights as one safetensors file (diffusers LoRA format for LoRA).
 """
 
@@ -24,7 +26,7 @@ from diffusion.sampler import Denoiser, denoise, rescore, scatter, transitions
 from diffusion.sde import FLOW_SCHEDULES, gaussian_kl
 from diffusion.timesteps import StepPlan, TimestepsConfig
 from mmrl.config import ConfigError
-from mmrl.types import PromptBatch, Rollout, Scores
+from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
 
 
@@ -60,14 +62,13 @@ def _dtype(precision: str, device) -> torch.dtype:
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
-class DiffusionPolicy:
+class DiffusionPolicy(Policy):
     def __init__(self, cfg: Config, family, accelerator=None):
         self.cfg, self.family, self.acc = cfg, family, accelerator
         self.denoiser = family.denoiser
         self.model = self.denoiser                       # the trainer may replace it with a wrapper
         self.device = family.device
         self.reference_model = None
-        self._kl_requested = False
         self.sched = family.schedule(cfg.rollout_steps, cfg.sde_schedule)
         self.eval_sched = family.schedule(cfg.eval_steps, cfg.sde_schedule)
 
@@ -85,7 +86,7 @@ class DiffusionPolicy:
 
     def _prompt(self, row: dict) -> str:
         if self.cfg.prompt_key not in row:
-            raise ValueError(f"config key 'policy.prompt_key': record has no field {self.cfg.prompt_key!r} "
+            raise ConfigError(f"config key 'policy.prompt_key': record has no field {self.cfg.prompt_key!r} "
                              f"(fields: {', '.join(row)})")
         return str(row[self.cfg.prompt_key])
 
@@ -96,7 +97,6 @@ class DiffusionPolicy:
     # --- rollout -----------------------------------------------------------------------------
     @torch.no_grad()
     def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
-        self._kl_requested = False
         texts = [self._prompt(r) for r in prompts.rows]
         conds = self.encode(texts)
         gens, xs, plans = [], [], []
@@ -131,15 +131,16 @@ class DiffusionPolicy:
         return images
 
     # --- update ------------------------------------------------------------------------------
-    def log_probs(self, rollout: Rollout, index: torch.Tensor) -> Scores:
+    def log_probs(self, rollout: Rollout, index: torch.Tensor, reference: Reference | None = None) -> Scores:
+        """Log-probs [n, T] of samples `index` with grad; with `reference` (the `reference_log_probs` of the
+        same samples) also the exact KL [n, T] of each step to the reference's step."""
         rows, cols, x, x_next, steps, conds = transitions(rollout.state, rollout.mask, index)
         shape = (index.numel(), rollout.mask.shape[1])
         step = rescore(self._denoiser(self.model, self.sched), x, x_next, steps, conds, self.cfg.noise_level)
         kl = None
-        if self._kl_requested:
-            with torch.no_grad(), self._reference() as ref:
-                ref_step = rescore(self._denoiser(ref, self.sched), x, x_next, steps, conds, self.cfg.noise_level)
-            kl = scatter(gaussian_kl(step.mean, ref_step.mean, step.std), rows, cols, shape)  # [n, T]
+        if reference is not None:
+            ref_mean = reference.state["mean"].to(step.mean.device)[rows, cols]            # [M, ...]
+            kl = scatter(gaussian_kl(step.mean, ref_mean, step.std), rows, cols, shape)    # [n, T]
         return Scores(log_probs=scatter(step.log_prob, rows, cols, shape), kl=kl)
 
     @contextlib.contextmanager
@@ -155,13 +156,19 @@ class DiffusionPolicy:
         finally:
             self.denoiser.enable_adapters()
 
-    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor):
-        """Marks this step's updates to return the exact KL in `Scores.kl`; no log-probs (None)."""
+    @torch.no_grad()
+    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> Reference:
+        """The reference denoiser's SDE-step means on the trained transitions of samples `index`, as
+        `Reference.state["mean"]` [n, T, ...] (zeros at padding), for the exact KL of `log_probs`; no
+        reference log-probs (the core needs no estimate)."""
         if self.cfg.lora.rank == 0 and self.reference_model is None:
-            raise ConfigError("algo.kl_beta != 0 needs a reference model: set policy.reference=true "
-                             "(full fine-tuning keeps a frozen copy) or algo.kl_beta=0")
-        self._kl_requested = True
-        return None
+            raise ConfigError(_NO_REFERENCE)
+        rows, cols, x, x_next, steps, conds = transitions(rollout.state, rollout.mask, index)
+        with self._autocast(), self._reference() as ref:
+            step = rescore(self._denoiser(ref, self.sched), x, x_next, steps, conds, self.cfg.noise_level)
+        mean = step.mean.new_zeros(index.numel(), rollout.mask.shape[1], *step.mean.shape[1:])  # [n, T, ...]
+        mean[rows, cols] = step.mean
+        return Reference(state={"mean": mean})
 
     def trainable_parameters(self):
         return [p for p in self.denoiser.parameters() if p.requires_grad]
@@ -205,7 +212,8 @@ class DiffusionPolicy:
                 for row, t, im, i in zip(prompts.rows, texts, images, prompts.index)]
 
 
-def _validate(cfg: Config) -> None:
+def validate(cfg: Config) -> None:
+    """Checks of the `policy:` section that need no model (run when the config is loaded)."""
     for key in ("rollout_steps", "eval_steps", "forward_batch"):
         if getattr(cfg, key) < 1:
             raise ValueError(f"config key 'policy.{key}' must be >= 1, got {getattr(cfg, key)}")
@@ -217,12 +225,16 @@ def _validate(cfg: Config) -> None:
     timesteps.validate(cfg.timesteps, cfg.rollout_steps)
 
 
-def _setup_training(policy: DiffusionPolicy, cfg: Config, name: str) -> None:
+_NO_REFERENCE = ("algo.kl_beta != 0 needs a reference model: with full fine-tuning (policy.lora.rank=0) set "
+                 "policy.reference=true to keep a frozen copy, or set algo.kl_beta=0")
+
+
+def _setup_training(policy: DiffusionPolicy, cfg: Config, name: str, kl_beta: float) -> None:
     den = policy.denoiser
     if cfg.lora.rank > 0:
         add_lora(den, cfg.lora, list(cfg.lora.target_modules) or families.lora_targets(name))
-    else:  # full fine-tuning: fp32 master weights, frozen copy of the start as the KL reference
-        if cfg.reference:
+    else:  # full fine-tuning: fp32 master weights, frozen copy of the start as the KL reference (if any KL)
+        if cfg.reference and kl_beta != 0:
             policy.reference_model = copy.deepcopy(den).requires_grad_(False).eval()
         den.float().requires_grad_(True)
     if cfg.gradient_checkpointing:
@@ -230,7 +242,9 @@ def _setup_training(policy: DiffusionPolicy, cfg: Config, name: str) -> None:
 
 
 def build(cfg: Config, ctx) -> DiffusionPolicy:
-    _validate(cfg)
+    validate(cfg)
+    if ctx.kl_beta != 0 and cfg.lora.rank == 0 and not cfg.reference:
+        raise ConfigError(_NO_REFERENCE)
     from diffusers.utils import logging as dlog
 
     dlog.disable_progress_bar()
@@ -242,5 +256,5 @@ def build(cfg: Config, ctx) -> DiffusionPolicy:
                                   revision=cfg.revision, variant=cfg.variant)
     family = families.load(name, model, opts)
     policy = DiffusionPolicy(cfg, family, ctx.accelerator)
-    _setup_training(policy, cfg, name)
+    _setup_training(policy, cfg, name, ctx.kl_beta)
     return policy

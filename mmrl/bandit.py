@@ -16,7 +16,8 @@ from typing import List
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmrl.types import PromptBatch, Rollout, Scores
+from mmrl.config import ConfigError
+from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
 
 
@@ -26,7 +27,7 @@ class Config:
     num_contexts: int = 4      # C
     num_arms: int = 8          # A
     num_actions: int = 1       # T, arms drawn per sample
-    reference: bool = True     # keep a frozen copy of the initial logits for KL
+    reference: bool = True     # keep a frozen copy of the initial logits for KL (only when algo.kl_beta != 0)
     nonfinite_steps: List[int] = field(default_factory=list)  # test hook: steps whose log-probs are NaN
     sleep_s: float = 0.0       # test hook: seconds to sleep per rollout (so a test can kill a run mid-way)
 
@@ -40,12 +41,12 @@ class Logits(torch.nn.Module):
         return self.theta[context]                                 # [n, T, A]
 
 
-class BanditPolicy:
-    def __init__(self, cfg: Config, device):
+class BanditPolicy(Policy):
+    def __init__(self, cfg: Config, device, kl_beta: float = 0.0):
         self.cfg, self.device = cfg, device
         self.net = Logits(cfg.num_contexts, cfg.num_actions, cfg.num_arms).to(device)
         self.model = self.net                                      # the trainer may wrap it
-        self.ref = self.net.theta.detach().clone() if cfg.reference else None
+        self.ref = self.net.theta.detach().clone() if cfg.reference and kl_beta != 0 else None
         self._poisoned = False
 
     def predict(self, context: torch.Tensor, actions: torch.Tensor):
@@ -80,17 +81,18 @@ class BanditPolicy:
         return Rollout(samples=samples, log_probs=logp, mask=torch.ones_like(logp),
                        group=torch.tensor(groups), state={"context": context, "actions": acts})
 
-    def log_probs(self, rollout: Rollout, index: torch.Tensor) -> Scores:
+    def log_probs(self, rollout: Rollout, index: torch.Tensor, reference: Reference | None = None) -> Scores:
+        """`reference` is not needed: the core estimates the KL from `Reference.log_probs`."""
         logp, entropy = self.predict(rollout.state["context"][index], rollout.state["actions"][index])
         return Scores(log_probs=logp, entropy=entropy)
 
     @torch.no_grad()
-    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor):
+    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> Reference:
         if self.ref is None:
-            return None
+            raise ConfigError(_NO_REFERENCE)
         ctx, acts = rollout.state["context"][index], rollout.state["actions"][index]
         logp_all = torch.log_softmax(self.ref[ctx].float(), -1)                     # [n, T, A]
-        return logp_all.gather(-1, acts[..., None]).squeeze(-1)                     # [n, T]
+        return Reference(log_probs=logp_all.gather(-1, acts[..., None]).squeeze(-1))  # [n, T]
 
     def trainable_parameters(self):
         return [p for p in self.net.parameters() if p.requires_grad]
@@ -112,11 +114,20 @@ class BanditPolicy:
         return out
 
 
-def build(cfg: Config, ctx) -> BanditPolicy:
+_NO_REFERENCE = "algo.kl_beta != 0 needs the bandit's reference logits: set policy.reference=true or algo.kl_beta=0"
+
+
+def validate(cfg: Config) -> None:
     for name in ("num_contexts", "num_arms", "num_actions"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"config key 'policy.{name}' must be >= 1, got {getattr(cfg, name)}")
-    return BanditPolicy(cfg, ctx.device)
+
+
+def build(cfg: Config, ctx) -> BanditPolicy:
+    validate(cfg)
+    if ctx.kl_beta != 0 and not cfg.reference:
+        raise ConfigError(_NO_REFERENCE)
+    return BanditPolicy(cfg, ctx.device, ctx.kl_beta)
 
 
 def contexts(num_contexts: int = 4, num_arms: int = 8, num_actions: int = 1, seed: int = 0) -> list[dict]:

@@ -8,24 +8,25 @@ import os
 
 import torch
 
+from mmrl.advantages import weighted_total
+from mmrl.data import eval_seed
 from mmrl.samples import write_samples
 from mmrl.types import PromptBatch
 
 
 def evaluate(run, step: int) -> dict:
-    """Score `policy.generate_eval` on the first `eval.max_prompts` held-out records."""
+    """Score `policy.generate_eval` (a member of the `Policy` protocol) on the first `eval.max_prompts`
+    held-out records; a policy without evaluation raises a configuration error naming eval.every."""
     policy, cfg = run.policy, run.cfg
-    if not hasattr(policy, "generate_eval"):
-        raise RuntimeError(f"policy {cfg.policy.name!r} has no generate_eval(); set eval.every=0")
     records = run.eval_records[:cfg.eval.max_prompts]
     samples, bs = [], cfg.eval.prompts_per_batch
     for lo in range(0, len(records), bs):
         idx = list(range(lo, min(lo + bs, len(records))))
         batch = PromptBatch(rows=[records[i] for i in idx], index=idx,
-                            seeds=[cfg.seed * 31 + i for i in idx], step=-1)
+                            seeds=[eval_seed(cfg.seed, i) for i in idx], step=-1)
         samples += policy.generate_eval(batch)
     scores, metrics = run.rewards.score(samples)                            # [M, K]
-    total = (scores * torch.tensor(run.rewards.weights)).sum(1)             # [M]
+    total = weighted_total(scores, run.rewards.weights)                     # [M]
     valid = total[~torch.isnan(total)]
     out = {f"eval/{k}": v for k, v in metrics.items()}
     out["eval/reward/mean"] = float(valid.mean()) if valid.numel() else math.nan

@@ -1,4 +1,4 @@
-"""The types every adapter and the core share: `Rollout`, `Scores`, `PromptBatch`, `Policy`.
+"""The types every adapter and the core share: `Rollout`, `Scores`, `Reference`, `PromptBatch`, `Policy`.
 
 Layout convention: a rollout holds N = P * G samples ordered by group, sample i belonging
 to prompt i // G; `group` records that index explicitly. T is the number of actions
@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 import torch
+
+from mmrl.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,9 @@ class Scores:
 
     log_probs: [n, T] with grad.
     entropy:   [n, T] per-action entropy, or None when the adapter does not compute it.
-    kl:        [n, T] exact per-action KL to the reference computed by the adapter (e.g. the
-               Gaussian KL of two SDE steps), or None to let the core estimate it from
-               `reference_log_probs`.
+    kl:        [n, T] exact per-action KL to the reference, computed by the adapter from the
+               `Reference` it was handed (e.g. the Gaussian KL of two SDE steps), or None to let
+               the core estimate it from `Reference.log_probs` (`algo.kl_estimator`).
     """
 
     log_probs: torch.Tensor
@@ -82,27 +84,91 @@ class Scores:
     kl: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Reference:
+    """What `Policy.reference_log_probs` returns: the frozen reference model's view of a rollout's
+    actions, computed once per step without grad. The core hands each microbatch's slice
+    (`select`) back to `Policy.log_probs(rollout, index, reference)`, so the KL term is an explicit
+    input of the scoring call and never state hidden inside the adapter.
+
+    log_probs: [n, T] the reference's log-probs of the sampled actions, from which the core estimates
+               the KL when `Scores.kl` is None; or None for an adapter that returns an exact `Scores.kl`.
+    state:     adapter data, name -> tensor or list with leading dim n, opaque to the core (e.g. the
+               reference's SDE-step means [n, T, ...] for the exact Gaussian KL of a diffusion step).
+    """
+
+    log_probs: torch.Tensor | None = None
+    state: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        if self.log_probs is not None:
+            return self.log_probs.shape[0]
+        return len(next(iter(self.state.values()))) if self.state else 0
+
+    def select(self, idx: torch.Tensor) -> "Reference":
+        """The rows `idx` (a 1-D long tensor)."""
+        return Reference(log_probs=None if self.log_probs is None else _take(self.log_probs, idx),
+                         state={k: _take(v, idx) for k, v in self.state.items()})
+
+
+class PolicyCannotEvaluate(ConfigError):
+    """The policy has no deterministic evaluation: a configuration error (the run must set eval.every=0)."""
+
+
 @runtime_checkable
 class Policy(Protocol):
-    """A sampler with a log-likelihood: what the trainer drives (DESIGN.md).
+    """A sampler with a log-likelihood: what the trainer drives.
 
     `model` is the trainable `nn.Module`; the trainer may replace it with the
     `accelerator.prepare`d wrapper, so adapters must call it through `self.model`.
+
+    Randomness: `rollout` (and `generate_eval`) sample prompt i only from `prompts.seeds[i]`, so a
+    prompt's samples depend neither on the other prompts of the call nor on how the step's prompts
+    are split over processes.
+
+    KL: the core calls `reference_log_probs(rollout, every index)` once per step, only when algo.kl_beta != 0,
+    and passes each microbatch's slice of the result to `log_probs` as `reference` (None when
+    kl_beta == 0). `log_probs` returns the same log-probs whether or not a reference is given; the
+    reference only adds `Scores.kl` where the adapter has an exact KL. An adapter built with
+    `BuildContext.kl_beta == 0` builds no reference model.
+
+    Adapters subclass this protocol, so the documented defaults below apply to them.
     """
 
     model: torch.nn.Module
 
     def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout: ...
 
-    def log_probs(self, rollout: Rollout, index: torch.Tensor) -> Scores: ...
+    def log_probs(self, rollout: Rollout, index: torch.Tensor, reference: Reference | None = None) -> Scores: ...
 
-    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> torch.Tensor | None: ...
+    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> Reference: ...
 
     def trainable_parameters(self) -> Iterable[torch.nn.Parameter]: ...
 
     def save(self, path: str) -> None: ...
 
     def load(self, path: str) -> None: ...
+
+    def generate_eval(self, prompts: PromptBatch) -> list:
+        """One deterministic held-out output `Sample` per prompt (greedy tokens, ODE images), seeded
+        from `prompts.seeds[i]`; scored by the run's rewards as `eval/reward/...`.
+
+        Default: the policy has no evaluation, and calling it raises `PolicyCannotEvaluate`, a
+        configuration error telling the run to set eval.every=0.
+        """
+        raise PolicyCannotEvaluate(f"config key 'eval.every': policy {type(self).__name__} has no held-out "
+                                   "evaluation (generate_eval); set eval.every=0")
+
+
+def check_policy(policy: object, name: str) -> None:
+    """Raise ValueError naming `policy.name` when a built policy lacks a member of the protocol."""
+    members = ("model", "rollout", "log_probs", "reference_log_probs", "trainable_parameters", "save", "load",
+               "generate_eval")
+    missing = [m for m in members if not hasattr(policy, m)]
+    if missing:
+        raise ValueError(f"config key 'policy.name': {name!r} built a {type(policy).__name__} without "
+                         f"{', '.join(missing)}; a policy implements mmrl.types.Policy (subclass it for the "
+                         "documented defaults)")
 
 
 def _take(value: Any, idx: torch.Tensor) -> Any:

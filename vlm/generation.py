@@ -2,13 +2,22 @@
 
 Blocked tokens: a random-init or drifting model happily samples `<|image_pad|>` and other
 special tokens, after which re-scoring fails with "Image features and image tokens do not
-match" (REFERENCE.md section 3; EasyR1 blocks them with a logit bias). `blocked_token_ids`
-lists every special token except the stop tokens, plus the config's vision token ids and any
-embedding rows past the tokenizer; `BlockTokens` sets their logits to -inf at every step.
+match" (the number of placeholder tokens must equal the number of image feature rows, as the
+Qwen2-VL forward checks). EasyR1 (github.com/hiyouga/EasyR1) blocks them with a logit bias;
+here `blocked_token_ids` lists every special token except the stop tokens, plus the config's
+vision token ids and any embedding rows past the tokenizer, and `BlockTokens` sets their logits
+to -inf at every step.
 
-Randomness: one generate call per rollout, on torch's RNG seeded with `PromptBatch.seeds[0]`
-inside `torch.random.fork_rng`, so a rollout is reproducible from (run seed, step) and the
-global RNG stream (saved in checkpoints) is left untouched.
+Randomness: sample j of a prompt whose seed is s draws from its own generator, seeded with
+`sample_seed(s, j)`: `SeededSampler` picks each row's next token by inverse-CDF sampling with one
+uniform of that row's generator per step, then leaves only that token finite, so `generate` runs
+greedy decoding and emits it (the same distribution as transformers' multinomial sampling after
+the same temperature / top-k / top-p warpers). A row's draws never depend on the rows decoded
+beside it, and torch's global RNG (saved in checkpoints) is never touched. Each generate call
+holds the rows of one prompt only (by default all its G rows), so no prompt is padded against
+another and a prompt's completions are bit-identical however the step's prompts are split over
+processes; `generate_rows_per_call` > G packs whole prompts into one left-padded call (same
+random draws, tokens equal up to the rounding of attention over a different padded width).
 """
 
 from __future__ import annotations
@@ -16,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
 from vlm.batch import collate, layout_for
 
@@ -76,12 +86,51 @@ class SamplingSpec:
     greedy: bool = False
 
 
+def sample_seed(seed: int, j: int) -> int:
+    """Seed of sample j of a prompt seeded `seed`. Prompt seeds are consecutive over positions, so they
+    are spread first; samples of a prompt get consecutive seeds, as vLLM gives the n samples of a request."""
+    return (seed * 1_000_003) % 2**62 + j
+
+
+class SeededSampler(LogitsProcessor):
+    """Sample each row's next token from softmax(scores) with the row's own generator; return scores
+    that are 0 at that token and -inf elsewhere (greedy decoding then emits it).
+
+    Inverse CDF in fp64: the token is the first whose cumulative probability exceeds u * total, u one
+    uniform of the row's generator per step; a token of probability 0 is never the first to exceed it.
+    """
+
+    def __init__(self, generators: list[torch.Generator]):
+        self.generators = generators
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in self.generators])   # [B]
+        cdf = torch.softmax(scores.double(), dim=-1).cumsum(-1)                                      # [B, V]
+        total = cdf[:, -1:]                                                                          # [B, 1]
+        below = torch.nextafter(total, torch.zeros_like(total))
+        target = torch.minimum(u.to(cdf.device)[:, None] * total, below)                             # [B, 1]
+        token = torch.searchsorted(cdf, target, right=True)                                          # [B, 1]
+        return torch.full_like(scores, -float("inf")).scatter_(1, token, 0.0)                        # [B, V]
+
+
 def _trim(row: torch.Tensor, stop_ids: list[int]) -> tuple[torch.Tensor, bool]:
     """The completion up to and including its first stop token; (tokens, ended_with_stop)."""
     hits = torch.isin(row, torch.tensor(stop_ids, device=row.device)).nonzero()
     if hits.numel():
         return row[:int(hits[0]) + 1].cpu(), True
     return row.cpu(), False
+
+
+def generate_calls(n_prompts: int, group_size: int, rows_per_call: int) -> list[list[tuple[int, int]]]:
+    """The (prompt, sample) rows of each generate call: one prompt's rows per call, at most `rows_per_call`
+    of them (0 = all G); or, when rows_per_call holds several whole groups, that many whole prompts."""
+    per = rows_per_call or group_size
+    if per <= group_size:
+        return [[(p, j) for j in range(lo, min(lo + per, group_size))]
+                for p in range(n_prompts) for lo in range(0, group_size, per)]
+    k = per // group_size
+    return [[(p, j) for p in range(lo, min(lo + k, n_prompts)) for j in range(group_size)]
+            for lo in range(0, n_prompts, k)]
 
 
 class HFBackend:
@@ -95,31 +144,47 @@ class HFBackend:
     def before_rollout(self, parts, step: int) -> None:
         """Nothing to synchronise: generation runs on the trained module itself."""
 
-    def _kwargs(self, spec: SamplingSpec) -> dict:
-        kw = dict(max_new_tokens=spec.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-                  repetition_penalty=1.0, logits_processor=LogitsProcessorList([BlockTokens(self.blocked)]),
-                  use_cache=True, do_sample=not spec.greedy)
-        if not spec.greedy:  # explicit values: checkpoints ship generation configs with e.g. top_k=1
-            kw.update(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k)
-        return kw
+    def _kwargs(self, spec: SamplingSpec, generators: list | None) -> dict:
+        processors = [BlockTokens(self.blocked)]
+        if generators is not None:  # the warpers transformers applies when sampling, in its order, then our draw
+            if spec.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(spec.temperature))
+            if spec.top_k:
+                processors.append(TopKLogitsWarper(spec.top_k))
+            if spec.top_p < 1.0:
+                processors.append(TopPLogitsWarper(spec.top_p))
+            processors.append(SeededSampler(generators))
+        return dict(max_new_tokens=spec.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+                    repetition_penalty=1.0, logits_processor=LogitsProcessorList(processors), use_cache=True,
+                    do_sample=False, temperature=None, top_p=None, top_k=None)
+
+    def _generate(self, rows: list, spec: SamplingSpec, generators: list | None, device) -> list:
+        batch = collate(rows, None, layout_for(rows, None), self.pad_id, self.image_token_id, device)
+        out = self.hf.generate(**batch, **self._kwargs(spec, generators))              # [B, P + new]
+        return [_trim(row, self.stop_ids) for row in out[:, batch["input_ids"].shape[1]:]]
 
     @torch.no_grad()
-    def sample(self, rows: list, spec: SamplingSpec, seed: int, device) -> tuple[list[torch.Tensor], list[bool]]:
-        """One completion per row (rows repeat a prompt G times for a group)."""
-        step = self.rows_per_call or len(rows)
-        completions, ended = [], []
-        devices = [device] if torch.device(device).type == "cuda" else []
+    def sample(self, prompts: list, group_size: int, spec: SamplingSpec, seeds: list[int],
+               device) -> tuple[list[torch.Tensor], list[bool]]:
+        """`group_size` completions per prompt, prompt-major (row p * G + j is sample j of prompt p), and
+        whether each ended with a stop token. Sampling seeds sample j of prompt p with
+        sample_seed(seeds[p], j); greedy decoding (evaluation) needs no seeds and batches rows of all
+        prompts, `rows_per_call` at a time (every process evaluates the same batches)."""
         was_training = self.hf.training
         self.hf.eval()
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            for lo in range(0, len(rows), step):
-                chunk = rows[lo:lo + step]
-                batch = collate(chunk, None, layout_for(chunk, None), self.pad_id, self.image_token_id, device)
-                out = self.hf.generate(**batch, **self._kwargs(spec))                 # [B, P + new]
-                for row in out[:, batch["input_ids"].shape[1]:]:
-                    tokens, stop = _trim(row, self.stop_ids)
-                    completions.append(tokens)
-                    ended.append(stop)
-        self.hf.train(was_training)
-        return completions, ended
+        results: dict[tuple[int, int], tuple[torch.Tensor, bool]] = {}
+        try:
+            if spec.greedy:
+                keys = [(p, j) for p in range(len(prompts)) for j in range(group_size)]
+                per = self.rows_per_call or len(keys)
+                calls = [keys[lo:lo + per] for lo in range(0, len(keys), per)]
+            else:
+                calls = generate_calls(len(prompts), group_size, self.rows_per_call)
+            for call in calls:
+                gens = None if spec.greedy else [torch.Generator().manual_seed(sample_seed(seeds[p], j))
+                                                 for p, j in call]
+                results.update(zip(call, self._generate([prompts[p] for p, _ in call], spec, gens, device)))
+        finally:
+            self.hf.train(was_training)
+        ordered = [results[(p, j)] for p in range(len(prompts)) for j in range(group_size)]
+        return [c for c, _ in ordered], [e for _, e in ordered]

@@ -4,7 +4,8 @@ An action is a generated token; T is the longest completion of a rollout. One ro
   1. records -> `PromptInputs` (images decoded and resized lazily, chat template, truncation),
      in a torch DataLoader with `image_workers` processes;
   2. each prompt's images are encoded once (`vlm.features`), the image-token invariant checked;
-  3. the backend samples G completions per prompt (HF generate, or vLLM), blocked tokens never emitted;
+  3. the backend samples G completions per prompt (HF generate, or vLLM), blocked tokens never emitted,
+     sample j of prompt i seeded from `PromptBatch.seeds[i]` and j only (`vlm.generation.sample_seed`);
   4. old log-probs come from `TokenScorer` (the same forward training uses), per recorded layout:
      by default the update takes them from its own first forward (`old_log_probs: deferred`, see
      `mmrl.update`), so a one-epoch GRPO step runs no separate scoring forward; with
@@ -22,13 +23,15 @@ from typing import List, Optional
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmrl.types import PromptBatch, Rollout, Scores
+from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
 from vlm.batch import Layout, layout_for
 from vlm.features import encode
 from vlm.generation import SamplingSpec
 from vlm.prompts import check_image_tokens
-from vlm.setup import Parts, build_parts, prepare_rows
+from vlm.rows import prepare_rows
+from vlm.setup import Parts, build_parts
+from vlm.setup import validate as validate_section
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class Config:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0                        # 0 = off
-    generate_rows_per_call: int = 0       # rows (prompt x sample) per generate call; 0 = the whole rollout
+    generate_rows_per_call: int = 0       # rows per generate call; 0 = one prompt's G rows (> G: whole prompts, vlm.generation)
     eval_max_new_tokens: int = 0          # greedy evaluation length; 0 = max_new_tokens
     allowed_special_tokens: List[str] = field(default_factory=list)  # special tokens generation may emit (all others but EOS are blocked)
     # scoring and training
@@ -91,7 +94,7 @@ class Config:
     vllm: VLLMSection = field(default_factory=VLLMSection)
 
 
-class VLMPolicy:
+class VLMPolicy(Policy):
     def __init__(self, cfg: Config, ctx, parts: Parts):
         self.cfg, self.ctx, self.device = cfg, ctx, ctx.device
         self.p = parts
@@ -109,8 +112,8 @@ class VLMPolicy:
         items = prepare_rows(prompts, self.p.builder, self.cfg.image_workers)
         with self._autocast():
             for x in items:
-                x.features = encode(self.p.hf, x.encoder_inputs, self.device)
-                check_image_tokens(x, self.p.image_token_id)
+                x.features = encode(self.p.model.hf, x.encoder_inputs, self.device)
+                check_image_tokens(x, self.p.tokens.image_token_id)
                 if self.cfg.freeze_vision:
                     x.encoder_inputs = {}               # pixels are not needed again
         return items
@@ -129,7 +132,7 @@ class VLMPolicy:
         return torch.cat(parts)
 
     def _samples(self, rows, completions, ended, prompts: PromptBatch, group_size: int, tag: str) -> list:
-        texts = self.p.tokenizer.batch_decode(completions, skip_special_tokens=True)
+        texts = self.p.model.tokenizer.batch_decode(completions, skip_special_tokens=True)
         out = []
         for i, (x, c, text, done) in enumerate(zip(rows, completions, texts, ended)):
             p, g = divmod(i, group_size)
@@ -142,9 +145,9 @@ class VLMPolicy:
     def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
         items = self._prompts(prompts)
         rows = [x for x in items for _ in range(group_size)]                                 # N
-        self.p.backend.before_rollout(self.p, prompts.step)
+        self.p.backend.before_rollout(self.p.model, prompts.step)
         spec = SamplingSpec(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, self.cfg.top_k)
-        completions, ended = self.p.backend.sample(rows, spec, prompts.seeds[0], self.device)
+        completions, ended = self.p.backend.sample(items, group_size, spec, prompts.seeds, self.device)
         layout = layout_for(rows, completions)
         t = layout.width - layout.prompt_width
         lengths = torch.tensor([c.numel() for c in completions], device=self.device)
@@ -165,34 +168,38 @@ class VLMPolicy:
         layouts = [Layout(int(st["prompt_width"][i]), int(st["width"][i])) for i in idx]
         return [st["prompt"][i] for i in idx], [st["completion"][i] for i in idx], layouts
 
-    def log_probs(self, rollout: Rollout, index: torch.Tensor) -> Scores:
+    def log_probs(self, rollout: Rollout, index: torch.Tensor, reference: Reference | None = None) -> Scores:
+        """Log-probs and entropies [n, T] with grad; `reference` is not needed (the core estimates the KL
+        from `Reference.log_probs`)."""
         prompts, comps, layouts = self._rows(rollout, index)
         self.scorer.train(self.cfg.gradient_checkpointing)
         logp, entropy = self.model(prompts, comps, layouts, rollout.mask.shape[1])            # [n, T]
         return Scores(log_probs=logp, entropy=entropy)
 
     @torch.no_grad()
-    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> torch.Tensor:
+    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> Reference:
+        """The reference model's log-probs [n, T] of the sampled tokens: the LoRA base (adapter disabled) or
+        the pretrained weights reloaded on first use (never loaded when algo.kl_beta is 0)."""
         prompts, comps, layouts = self._rows(rollout, index)
-        mode = self.p.reference_mode
+        mode = self.p.reference.mode
         if mode == "none":
             raise ValueError("algo.kl_beta != 0 needs a reference model, but policy.reference=none")
         with self._autocast():
             if mode == "adapter":
-                with self.p.peft.disable_adapter():
+                with self.p.model.peft.disable_adapter():
                     logp, _ = self.scorer(prompts, comps, layouts, rollout.mask.shape[1])
-                return logp
+                return Reference(log_probs=logp)
             if self._ref is None:
-                self._ref = self.p.reference_scorer()
+                self._ref = self.p.reference.load()
             logp, _ = self._ref(prompts, comps, layouts, rollout.mask.shape[1])
-        return logp
+        return Reference(log_probs=logp)
 
     # ---------------------------------------------------------------- weights and evaluation
     def trainable_parameters(self):
-        return [p for p in self.p.hf.parameters() if p.requires_grad]
+        return [p for p in self.p.model.hf.parameters() if p.requires_grad]
 
     def _trainable(self) -> dict:
-        return {n: p for n, p in self.p.hf.named_parameters() if p.requires_grad}
+        return {n: p for n, p in self.p.model.hf.named_parameters() if p.requires_grad}
 
     def save(self, path: str) -> None:
         save_file({n: p.detach().cpu().contiguous() for n, p in self._trainable().items()}, path)
@@ -211,15 +218,24 @@ class VLMPolicy:
     def generate_eval(self, prompts: PromptBatch) -> list:
         """Greedy completions, one per prompt (validation)."""
         items = self._prompts(prompts)
-        self.p.backend.before_rollout(self.p, prompts.step)
+        self.p.backend.before_rollout(self.p.model, prompts.step)
         spec = SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
-        completions, ended = self.p.backend.sample(items, spec, prompts.seeds[0], self.device)
+        completions, ended = self.p.backend.sample(items, 1, spec, prompts.seeds, self.device)
         return self._samples(items, completions, ended, prompts, 1, "eval")
 
 
-def build(cfg: Config, ctx) -> VLMPolicy:
+def validate(cfg: Config) -> None:
+    """Checks of the `policy:` section that need no model (run when the config is loaded)."""
+    validate_section(cfg)
     if cfg.cpu_threads < 0:
         raise ValueError(f"config key 'policy.cpu_threads' must be >= 0 (0 = torch's default), got {cfg.cpu_threads}")
+
+
+def build(cfg: Config, ctx) -> VLMPolicy:
+    validate(cfg)
     if cfg.cpu_threads and torch.device(ctx.device).type == "cpu":
         torch.set_num_threads(cfg.cpu_threads)
+    if ctx.kl_beta != 0 and cfg.reference == "none":
+        raise ValueError("algo.kl_beta != 0 needs a reference model, but policy.reference=none "
+                         "(set policy.reference=auto or algo.kl_beta=0)")
     return VLMPolicy(cfg, ctx, build_parts(cfg, ctx))

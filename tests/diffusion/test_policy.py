@@ -49,19 +49,26 @@ def test_log_probs_have_gradients(rolled):
 
 
 def test_exact_kl_to_reference(rolled):
+    """The reference (its SDE-step means) is an explicit input: handed back, it adds the exact KL;
+    without it log_probs gives no KL and the same log-probs (nothing cached in between)."""
     policy, ro = rolled
-    assert policy.reference_log_probs(ro, torch.arange(6)) is None
-    scores = policy.log_probs(ro, torch.arange(3))
+    ref = policy.reference_log_probs(ro, torch.arange(6))
+    assert ref.log_probs is None and ref.state["mean"].shape[:2] == (6, policy.cfg.rollout_steps)
+    idx = torch.tensor([4, 0, 2])
+    scores = policy.log_probs(ro, idx, ref.select(idx))
     assert scores.kl.shape == (3, policy.cfg.rollout_steps) and bool((scores.kl >= 0).all())
     assert float(scores.kl.detach().sum()) > 0  # perturbed LoRA vs the adapter disabled
-    policy._kl_requested = False
+    plain = policy.log_probs(ro, idx)
+    assert plain.kl is None and torch.equal(plain.log_probs, scores.log_probs)
+    alone = policy.log_probs(ro, idx[:1], policy.reference_log_probs(ro, idx[:1]))
+    assert torch.equal(alone.kl, scores.kl[:1])                              # per sample, batch-independent
 
 
 def test_kl_is_zero_at_the_lora_start():
     policy = build("sd3")
     ro = policy.rollout(prompts(TEXTS[:1]), group_size=2)
-    policy.reference_log_probs(ro, torch.arange(2))
-    assert torch.equal(policy.log_probs(ro, torch.arange(2)).kl, torch.zeros(2, 3))
+    ref = policy.reference_log_probs(ro, torch.arange(2))
+    assert torch.equal(policy.log_probs(ro, torch.arange(2), ref).kl, torch.zeros(2, 3))
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])

@@ -27,8 +27,8 @@ def test_pushed_weights_equal_the_merged_adapter(make_policy, counting_rows):
     from vlm.vllm_backend import hf_weights
 
     policy = make_policy("qwen2_5_vl")
-    _perturb_lora(policy.p.hf)
-    weights = hf_weights(policy.p.hf, policy.p.peft)
+    _perturb_lora(policy.p.model.hf)
+    weights = hf_weights(policy.p.model.hf, policy.p.model.peft)
     assert weights and not any("lora" in k or "base_layer" in k for k in weights)
     assert all(".visual." not in k for k in weights)                 # frozen vision: nothing to push
     fresh = AutoModelForImageTextToText.from_pretrained(resolve_model("tiny:qwen2_5_vl")).eval()
@@ -38,12 +38,13 @@ def test_pushed_weights_equal_the_merged_adapter(make_policy, counting_rows):
     items = policy._prompts(_batch(counting_rows[:1]))
     from vlm.batch import collate, layout_for
 
-    batch = collate(items, None, layout_for(items, None), policy.p.pad_id, policy.p.image_token_id, "cpu")
+    tk = policy.p.tokens
+    batch = collate(items, None, layout_for(items, None), tk.pad_id, tk.image_token_id, "cpu")
     with torch.no_grad():
-        want = policy.p.hf(**batch).logits
-        got = fresh(**collate(items, None, layout_for(items, None), policy.p.pad_id, policy.p.image_token_id, "cpu")).logits
+        want = policy.p.model.hf(**batch).logits
+        got = fresh(**collate(items, None, layout_for(items, None), tk.pad_id, tk.image_token_id, "cpu")).logits
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert any("lora_B" in n and p.abs().sum() > 0 for n, p in policy.p.hf.named_parameters())  # unmerged again
+    assert any("lora_B" in n and p.abs().sum() > 0 for n, p in policy.p.model.hf.named_parameters())  # unmerged again
 
 
 def test_vllm_rollouts_and_weight_push(make_policy, counting_rows):
@@ -51,19 +52,19 @@ def test_vllm_rollouts_and_weight_push(make_policy, counting_rows):
     from vlm.policy import VLLMSection
 
     policy = make_policy("qwen2_5_vl", backend="vllm", max_new_tokens=8, vllm=VLLMSection(cpu_kv_cache_gib=1))
-    blocked = torch.tensor(policy.p.blocked)
+    blocked = torch.tensor(policy.p.tokens.blocked)
     ro = policy.rollout(_batch(counting_rows[:2]), group_size=4)
     assert len(ro) == 8 and all(not torch.isin(c, blocked).any() for c in ro.state["completion"])
     assert torch.equal(policy.log_probs(ro, torch.arange(8)).log_probs.detach(), ro.log_probs)
-    _perturb_lora(policy.p.hf, 0.5)                                   # "an update"
+    _perturb_lora(policy.p.model.hf, 0.5)                                   # "an update"
     vllm_greedy = policy.generate_eval(_batch(counting_rows[:2], step=1))
     from vlm.generation import HFBackend, SamplingSpec
 
-    p = policy.p
-    hf = HFBackend(p.hf, p.tokenizer, p.pad_id, p.image_token_id, p.blocked, p.stop_ids)
+    m, tk = policy.p.model, policy.p.tokens
+    hf = HFBackend(m.hf, m.tokenizer, tk.pad_id, tk.image_token_id, tk.blocked, tk.stop_ids)
     items = policy._prompts(_batch(counting_rows[:2], step=1))
-    hf_comps, _ = hf.sample(items, SamplingSpec(8, greedy=True), 0, "cpu")
-    assert [s.output for s in vllm_greedy] == p.tokenizer.batch_decode(hf_comps, skip_special_tokens=True)
+    hf_comps, _ = hf.sample(items, 1, SamplingSpec(8, greedy=True), [0] * len(items), "cpu")
+    assert [s.output for s in vllm_greedy] == m.tokenizer.batch_decode(hf_comps, skip_special_tokens=True)
 
 
 def test_vllm_logprobs_match_the_hf_recompute_before_and_after_a_push(make_policy, counting_rows):
@@ -76,7 +77,7 @@ def test_vllm_logprobs_match_the_hf_recompute_before_and_after_a_push(make_polic
     before = None
     for step in (0, 1):
         if step == 1:
-            _perturb_lora(policy.p.hf, 0.5)                               # "an update", pushed at step 1
+            _perturb_lora(policy.p.model.hf, 0.5)                               # "an update", pushed at step 1
         ro = policy.rollout(_batch(counting_rows[:2], step=step), group_size=4)
         vllm_lp = policy.p.backend.last_logprobs
         assert len(vllm_lp) == 8

@@ -1,0 +1,81 @@
+"""Sampling does not depend on the number of processes: the first step of the tiny VLM and SD3 configs,
+run in 1 process and in 2 (torchrun, gloo on CPU), samples the same completions and images.
+
+Only rank 0 writes samples (its own prompts: the first half of the step's); the other rank's samples
+enter through `reward/mean`, averaged over processes, and a reward that hashes each output, so one
+differing sample anywhere changes it."""
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HASH_REWARD = f"{os.path.abspath(__file__)}:output_hash"
+
+
+def output_hash(samples) -> list:
+    """Reward: a number fixed by the sample's id and output (text, or the image's pixels)."""
+    out = []
+    for s in samples:
+        data = s.output.tobytes() if hasattr(s.output, "tobytes") else str(s.output).encode()
+        out.append(int(hashlib.sha256(s.id.encode() + data).hexdigest()[:8], 16) / 0xFFFFFFFF)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(config: str, out: str, processes: int, rewards: str) -> None:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                 str(_free_port())] if processes == 2 else [sys.executable])
+    cmd = [*launcher, "-m", "mmrl", "train", os.path.join(ROOT, "configs", "tiny", config), f"output_dir={out}",
+           "max_steps=1", "eval.every=0", "checkpoint.every=0", "logging.save_samples_every=1",
+           "train.prompts_per_step=4", f"rewards={rewards}"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _samples(out: str) -> dict:
+    with open(os.path.join(out, "samples", "step_000001.jsonl")) as f:
+        return {r["id"]: r for r in map(json.loads, f)}
+
+
+def _reward_mean(out: str) -> float:
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if '"loss"' in line][-1]["reward/mean"]
+
+
+def _same_output(a, b, dir_a: str, dir_b: str) -> bool:
+    if isinstance(a, str) and a.endswith(".png"):
+        pixels = [np.asarray(Image.open(os.path.join(d, "samples", p))) for d, p in ((dir_a, a), (dir_b, b))]
+        return np.array_equal(*pixels)
+    return a == b
+
+
+@pytest.mark.parametrize("config,rewards", [
+    ("vlm_tiny.yaml", f"[{{name: format, weight: 0.5}}, {{name: numeric}}, {{name: '{HASH_REWARD}', label: hash}}]"),
+    ("sd3_tiny.yaml", f"[{{name: jpeg_compressibility}}, {{name: '{HASH_REWARD}', label: hash}}]"),
+], ids=["vlm", "sd3"])
+def test_one_and_two_processes_sample_the_same_first_step(tmp_path, config, rewards):
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    _train(config, one, 1, rewards)
+    _train(config, two, 2, rewards)
+    all_rows, rank0 = _samples(one), _samples(two)
+    assert len(rank0) * 2 == len(all_rows) > 0
+    for sid, row in rank0.items():
+        ref = all_rows[sid]                                        # same prompt, same sample index
+        assert _same_output(ref["output"], row["output"], one, two), sid
+        assert ref["scores"] == row["scores"], sid
+    assert _reward_mean(one) == pytest.approx(_reward_mean(two), abs=1e-6)           # rank 1's samples too
