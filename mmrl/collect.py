@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from mmrl.advantages import combine
+from mmrl.advantages import combine, weighted_total
 from mmrl.data import prompt_seed
 from mmrl.dist import all_reduce
 from mmrl.filtering import FILTERS, best_and_worst
+from mmrl.reduce import Metric, mean, summed, weighted_mean
 from mmrl.types import PromptBatch, Rollout, concat, select
 
 
@@ -24,7 +25,32 @@ class StepBatch:
     scores: torch.Tensor       # [N, K] raw rewards, NaN = unscorable
     reward: torch.Tensor       # [N] weighted sum of the rewards
     advantages: torch.Tensor   # [N]
-    metrics: dict
+    metrics: dict[str, Metric]  # of the first rollout round, each with its reduction
+
+
+# The reward scorer (rewards/scorer.py) reports plain numbers, as `rewards` may not import
+# the core. Its metrics are `reward/<label>/<suffix>`; this table declares how each suffix
+# combines over processes, given the value and the number of samples the reward scored.
+SCORER_METRICS = {
+    "mean": lambda value, n_scored: weighted_mean(value, n_scored),   # mean over scored samples
+    "failed": lambda value, n_scored: summed(value),                  # a count of samples
+}
+
+
+def declare_reward_metrics(metrics: dict, scores: torch.Tensor, labels: list[str]) -> dict[str, Metric]:
+    """The scorer's metrics with their reductions; scores [N, K] (NaN = not scored)."""
+    n_scored = (~torch.isnan(scores)).sum(0).tolist()                  # [K]
+    out = {}
+    for label, n in zip(labels, n_scored):
+        for suffix, declare in SCORER_METRICS.items():
+            key = f"reward/{label}/{suffix}"
+            if key in metrics:
+                out[key] = declare(metrics[key], n)
+    unknown = sorted(set(metrics) - set(out))
+    if unknown:
+        raise RuntimeError(f"reward metrics {unknown} have no declared reduction; add their suffix "
+                           "to SCORER_METRICS in mmrl/collect.py")
+    return out
 
 
 def _groups(values: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -48,9 +74,9 @@ def _round(run, step: int, rnd: int) -> tuple[Rollout, torch.Tensor, dict]:
     return rollout, scores, metrics
 
 
-def _best_of_n(rollout: Rollout, scores: torch.Tensor, weights: list, g: int, k: int):
+def _best_and_worst(rollout: Rollout, scores: torch.Tensor, weights: list, g: int, k: int):
     """Keep the k best and k worst samples of each group; the group size becomes 2k."""
-    total = (scores * torch.tensor(weights)).sum(1)                      # [N]
+    total = weighted_total(scores, weights)                              # [N]
     cols = best_and_worst(_groups(total, g), k)                          # [P, 2k]
     idx = (cols + torch.arange(cols.shape[0])[:, None] * g).reshape(-1)  # [P * 2k]
     return select(rollout, idx), scores[idx], 2 * k
@@ -59,18 +85,20 @@ def _best_of_n(rollout: Rollout, scores: torch.Tensor, weights: list, g: int, k:
 def collect(run, step: int) -> StepBatch:
     cfg = run.cfg
     g, a = cfg.train.group_size, cfg.algo
-    keep_fn = FILTERS.get_item(a.filter, "algo.filter")
+    keep_fn = FILTERS.resolve(a.filter, "algo.filter")
     rounds = 1 + (a.max_resample_rounds if a.filter == "dynamic" else 0)
     kept_rollouts, kept_scores, first_metrics, n_kept = [], [], None, 0
     for rnd in range(rounds):
         rollout, scores, metrics = _round(run, step, rnd)
-        total = (scores * torch.tensor(run.rewards.weights)).sum(1)      # [N]
+        total = weighted_total(scores, run.rewards.weights)              # [N]
         keep = keep_fn(_groups(total, g), a.filter_keep_frac)            # [P]
         if first_metrics is None:
-            first_metrics = dict(metrics)
-            valid = total[~torch.isnan(total)]
-            first_metrics["reward/mean"] = float(valid.mean()) if valid.numel() else float("nan")
-            first_metrics["adv/zero_std_frac"] = 1.0 - float(FILTERS.get_item("dynamic")(_groups(total, g)).float().mean())
+            first_metrics = declare_reward_metrics(metrics, scores, run.rewards.labels)
+            valid = total[~torch.isnan(total)]                            # [M] scorable samples
+            reward_mean = valid.mean() if valid.numel() else float("nan")
+            first_metrics["reward/mean"] = weighted_mean(reward_mean, valid.numel())
+            signal = FILTERS.resolve("dynamic")(_groups(total, g))          # [P] groups with spread
+            first_metrics["adv/zero_std_frac"] = mean(1.0 - float(signal.float().mean()))
         idx = torch.nonzero(keep.repeat_interleave(g)).squeeze(1)        # [n_keep * G]
         kept_rollouts.append(select(rollout, idx))
         kept_scores.append(scores[idx])
@@ -84,10 +112,10 @@ def collect(run, step: int) -> StepBatch:
     rollout = concat(kept_rollouts)
     idx = torch.arange(n_common * g)
     rollout, scores = select(rollout, idx), torch.cat(kept_scores)[idx]
-    if a.best_of_n:
-        rollout, scores, g = _best_of_n(rollout, scores, run.rewards.weights, g, a.best_of_n)
+    if a.best_worst_k:
+        rollout, scores, g = _best_and_worst(rollout, scores, run.rewards.weights, g, a.best_worst_k)
     adv, reward = combine(scores, run.rewards.weights, group_size=g, estimator=a.advantage,
                           mode=a.reward_combine, eps=a.adv_eps, clip=a.adv_clip)
-    first_metrics.update({"filter/kept_groups": n_common, "filter/rounds": rnd + 1,
-                          "adv/abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0})
+    first_metrics.update({"filter/kept_groups": mean(n_common), "filter/rounds": mean(rnd + 1),
+                          "adv/abs_mean": mean(float(adv.abs().mean()) if adv.numel() else 0.0)})
     return StepBatch(rollout, scores, reward, adv, first_metrics)

@@ -1,6 +1,7 @@
 """Clipped policy-gradient surrogate, KL estimators and loss aggregation.
 
-Notation (REFERENCE.md section 1): per action, logp = log pi_theta, old = log pi_old,
+Notation (PPO's clipped objective, arXiv 1707.06347 eq. 7, and GRPO's, arXiv 2402.03300 eq. 3):
+per action, logp = log pi_theta, old = log pi_old,
 ref = log pi_ref, A the sample's advantage, r = exp(logp - old) the ratio,
 eps_low / eps_high the clip range (DAPO's clip-higher when they differ), c the dual-clip
 constant. All tensors are [n, T] with `mask` [n, T] unless noted; math runs in fp32.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mmrl.reduce import maximum, weighted_mean
 from mmrl.registry import Registry
 from mmrl.types import Scores
 
@@ -70,7 +72,7 @@ def seq_mean_token_sum_norm(l, mask, norm: Normalizer):
 
 def aggregate(l: torch.Tensor, mask: torch.Tensor, mode: str, norm: Normalizer | None = None):
     """Reduce per-action values l [n, T] to a scalar; `norm` defaults to this batch alone."""
-    fn = AGGREGATIONS.get_item(mode, "algo.aggregation")
+    fn = AGGREGATIONS.resolve(mode, "algo.aggregation")
     return fn(l, mask.to(l.dtype), norm or Normalizer.of(mask))
 
 
@@ -94,7 +96,7 @@ def kl_k3(logp, ref):
 
 
 def kl_estimate(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.Tensor:
-    return KL_ESTIMATORS.get_item(estimator, "algo.kl_estimator")(logp.float(), ref.float())
+    return KL_ESTIMATORS.resolve(estimator, "algo.kl_estimator")(logp.float(), ref.float())
 
 
 def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float,
@@ -103,7 +105,7 @@ def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float
 
     adv: [n] one advantage per sample. level "token": r per action; "sequence" (GSPO,
     arXiv 2507.18071): s = exp(mean_t(logp - old)) over the mask, shared by the sequence.
-    dual_clip c: for A < 0, l = min(l, -c A). Returns (l [n, T], metrics).
+    dual_clip c: for A < 0, l = min(l, -c A). Returns (l [n, T], metrics declared per token).
     """
     mask = mask.float()
     log_r = logp.float() - old.float()                              # [n, T]
@@ -127,16 +129,21 @@ def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float
     m = mask.bool()
     low = (r < 1 - clip_low) & (a < 0)
     high = (r > 1 + clip_high) & (a > 0)
-    count = mask.sum().clamp(min=1)
+    n_tok = mask.sum()
+    count = n_tok.clamp(min=1)
+
+    def per_token(x):                                               # a mean over this batch's actions
+        return weighted_mean(x, n_tok)
+
     with torch.no_grad():
         metrics = {
-            "clip_frac": ((low | high) & m).sum() / count,
-            "clip_frac/low": (low & m).sum() / count,
-            "clip_frac/high": (high & m).sum() / count,
-            "clip_frac/dual": (dual & m).sum() / count,
-            "approx_kl": (((r - 1) - log_r) * mask).sum() / count,   # k3(old || new)
-            "ratio/mean": (r * mask).sum() / count,
-            "ratio/max_abs_dev": ((r - 1).abs() * mask).max(),
+            "clip_frac": per_token(((low | high) & m).sum() / count),
+            "clip_frac/low": per_token((low & m).sum() / count),
+            "clip_frac/high": per_token((high & m).sum() / count),
+            "clip_frac/dual": per_token((dual & m).sum() / count),
+            "approx_kl": per_token((((r - 1) - log_r) * mask).sum() / count),   # k3(old || new)
+            "ratio/mean": per_token((r * mask).sum() / count),
+            "ratio/max_abs_dev": maximum(((r - 1).abs() * mask).max()),
         }
     return l, metrics
 
@@ -161,8 +168,11 @@ def policy_loss(scores: Scores, old, adv, mask, ref, spec: LossSpec, norm: Norma
                                    clip_high=spec.clip_high, dual_clip=spec.dual_clip,
                                    level=spec.ratio_level)
     maskf = mask.float()
-    count = maskf.sum().clamp(min=1)
-    metrics["pg_loss"] = aggregate(l.detach(), maskf, spec.aggregation)
+    n_tok = maskf.sum()
+    count = n_tok.clamp(min=1)
+    # pg_loss is this microbatch's own aggregate: weighted by what that aggregate averages over
+    per_unit = n_tok if spec.aggregation == "token-mean" else mask.shape[0]
+    metrics["pg_loss"] = weighted_mean(aggregate(l.detach(), maskf, spec.aggregation), per_unit)
     if spec.kl_beta != 0:
         kl = scores.kl if scores.kl is not None else None
         if kl is None:
@@ -170,11 +180,11 @@ def policy_loss(scores: Scores, old, adv, mask, ref, spec: LossSpec, norm: Norma
                 raise ValueError("algo.kl_beta > 0 but the policy gave no reference log-probs")
             kl = kl_estimate(scores.log_probs, ref, spec.kl_estimator)  # [n, T]
         l = l + spec.kl_beta * kl.float()
-        metrics["kl"] = (kl.detach().float() * maskf).sum() / count
+        metrics["kl"] = weighted_mean((kl.detach().float() * maskf).sum() / count, n_tok)
     if spec.entropy_coef != 0:
         if scores.entropy is None:
             raise ValueError("algo.entropy_coef != 0 but this policy does not compute entropies")
         l = l - spec.entropy_coef * scores.entropy.float()
     if scores.entropy is not None:
-        metrics["entropy"] = (scores.entropy.detach().float() * maskf).sum() / count
+        metrics["entropy"] = weighted_mean((scores.entropy.detach().float() * maskf).sum() / count, n_tok)
     return aggregate(l, maskf, spec.aggregation, norm), metrics

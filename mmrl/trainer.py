@@ -19,14 +19,15 @@ from accelerate.utils import set_seed
 from mmrl import checkpoint
 from mmrl.collect import collect
 from mmrl.config import Config, ConfigError, to_yaml
+from mmrl.console import header
 from mmrl.data import PromptSampler, load_records
-from mmrl.dist import all_reduce
 from mmrl.evaluation import evaluate
 from mmrl.metrics import MetricsSink, truncate_after
 from mmrl.policies import BuildContext, build_policy
+from mmrl.reduce import Accumulator, Metric, mean
 from mmrl.samples import write_samples
 from mmrl.summary import before_after, plot_rewards, read_rows, summary_text
-from mmrl.update import update
+from mmrl.update import samples_per_optimizer_step, update
 
 log = logging.getLogger("mmrl")
 
@@ -59,9 +60,7 @@ class Run:
 
 
 def _lr_lambda(cfg: Config, total: int):
-    warm, kind = cfg.optim.warmup_steps, cfg.optim.schedule
-    if kind not in ("constant", "linear", "cosine"):
-        raise ConfigError(f"config key 'optim.schedule' must be constant, linear or cosine; got {kind!r}")
+    warm, kind = cfg.optim.warmup_steps, cfg.optim.schedule    # kind checked at load (mmrl.checks)
 
     def f(i: int) -> float:
         if warm and i < warm:
@@ -73,17 +72,32 @@ def _lr_lambda(cfg: Config, total: int):
 
 
 def _resume_path(cfg: Config, ckpt_dir: str) -> str | None:
+    """The checkpoint to resume from (None: a new run), after clearing what killed writes left in
+    the run directory; a config that changes what is trained across a resume is an error
+    (`mmrl.resume`)."""
+    from accelerate import PartialState
+
+    from mmrl.resume import check_unchanged
+
+    state = PartialState()
+    if state.is_main_process:
+        for folder in (cfg.output_dir, ckpt_dir):
+            cleaned = checkpoint.clean_stale(folder)
+            if cleaned:
+                log.info("removed what an interrupted run left in %s: %s", folder, ", ".join(cleaned))
+    state.wait_for_everyone()  # every process then sees the same checkpoints
     if cfg.resume is None:
         found = checkpoint.latest(ckpt_dir)
         if found:
             raise ConfigError(f"output_dir {cfg.output_dir!r} already holds a run ({os.path.basename(found)}); "
                               "pass resume=auto to continue it, or another output_dir for a new run")
         return None
-    if cfg.resume == "auto":
-        return checkpoint.latest(ckpt_dir)
-    if not os.path.isdir(cfg.resume):
+    path = checkpoint.latest(ckpt_dir) if cfg.resume == "auto" else cfg.resume
+    if cfg.resume != "auto" and not os.path.isdir(path):
         raise ConfigError(f"config key 'resume': checkpoint {cfg.resume!r} does not exist")
-    return cfg.resume
+    if path:
+        check_unchanged(path, cfg)
+    return path
 
 
 def setup(cfg: Config) -> Run:
@@ -95,6 +109,7 @@ def setup(cfg: Config) -> Run:
     p, world = cfg.train.prompts_per_step, acc.num_processes
     if p % world:
         raise ConfigError(f"train.prompts_per_step={p} must be divisible by the {world} processes")
+    resume = _resume_path(cfg, os.path.join(cfg.output_dir, "checkpoints"))   # before anything is built
     try:
         rewards = RewardSet(parse_specs(list(cfg.rewards)))
     except ValueError as e:
@@ -105,22 +120,23 @@ def setup(cfg: Config) -> Run:
     ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc, cfg.algo.kl_beta)
     try:
         policy = build_policy(cfg.policy, ctx)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    except ConfigError:
+        raise
+    except (ValueError, OSError) as e:  # a model that cannot be found or does not fit the section
+        raise ConfigError(f"building policy {cfg.policy.name!r}: {e}") from None
     params = list(policy.trainable_parameters())
     if not params:
         raise ConfigError("the policy has no trainable parameters (check its LoRA / freezing options)")
     opt = cfg.optim
     optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
                                   weight_decay=opt.weight_decay)
-    n_local = p // world * cfg.train.group_size
-    per_opt = cfg.train.samples_per_microbatch * cfg.train.grad_accum_steps or n_local
+    n_local = p // world * (2 * cfg.algo.best_worst_k or cfg.train.group_size)  # samples trained per process and step
+    per_opt = samples_per_optimizer_step(cfg.train, n_local)
     total_opt_steps = cfg.max_steps * cfg.train.update_epochs * math.ceil(n_local / per_opt)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total_opt_steps))
     policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
     run = Run(cfg, acc, policy, rewards, records, eval_records, PromptSampler(len(records), cfg.seed),
               optimizer, scheduler, params, p // world, 0, {"skipped": 0, "streak": 0})
-    resume = _resume_path(cfg, run.ckpt_dir)
     if resume:
         state = checkpoint.load(resume, policy, optimizer, scheduler)
         run.sampler.load_state_dict(state["sampler"])
@@ -140,18 +156,10 @@ def _save(run: Run, step: int) -> None:
     acc.wait_for_everyone()
 
 
-def _reduce_metrics(acc: Accelerator, row: dict) -> dict:
-    """Combine scalar metrics over processes: failure counts are summed, maxima maxed,
-    everything else averaged."""
-    if acc.num_processes == 1:
-        return row
-    keys = sorted(k for k, v in row.items() if isinstance(v, (int, float)) and v is not None and k != "step")
-    vals = [float(row[k]) for k in keys]
-    mean, total, top = all_reduce(vals, "mean"), all_reduce(vals, "sum"), all_reduce(vals, "max")
-    out = dict(row)
-    for k, m, t, x in zip(keys, mean, total, top):
-        out[k] = int(t) if k.endswith("/failed") else x if "max" in k else m
-    return out
+def _reduce_metrics(row: dict[str, Metric]) -> dict:
+    """One step's metrics merged over processes, each by the reduction it was declared
+    with where it was computed (mmrl.reduce); returns plain numbers."""
+    return Accumulator().add(row).all_reduce().result()
 
 
 def _eval_due(run: Run, step: int) -> bool:
@@ -168,12 +176,12 @@ def train(cfg: Config) -> str:
 def fit(run: Run) -> None:
     """The step loop of a built run."""
     cfg = run.cfg
-    acc, main = run.accelerator, run.accelerator.is_main_process
+    main = run.accelerator.is_main_process
     if main:
         os.makedirs(os.path.join(cfg.output_dir, "samples"), exist_ok=True)
         checkpoint.write_text_atomic(os.path.join(cfg.output_dir, "config.yaml"), to_yaml(cfg))
         truncate_after(os.path.join(cfg.output_dir, "metrics.jsonl"), run.start_step if run.start_step else -1)
-        print(f"mmrl: resolved config\n{to_yaml(cfg)}", flush=True)
+        print(header(cfg, run.start_step), flush=True)  # the full config is in config.yaml
     sink = MetricsSink(cfg.output_dir, cfg, cfg.max_steps, run.start_step, enabled=main)
     try:
         if run.start_step == 0 and _eval_due(run, 0):
@@ -182,15 +190,16 @@ def fit(run: Run) -> None:
             t0 = time.perf_counter()
             batch = collect(run, step)                                # rollout, rewards, filter, advantages
             t1 = time.perf_counter()
-            row = {"step": step + 1, **batch.metrics, **update(run, batch, step)}
-            row.update({"time/rollout_s": t1 - t0, "time/update_s": time.perf_counter() - t1})
+            row = {**batch.metrics, **update(run, batch, step)}
+            row.update({"time/rollout_s": mean(t1 - t0), "time/update_s": mean(time.perf_counter() - t1)})
             if cfg.logging.save_samples_every and (step + 1) % cfg.logging.save_samples_every == 0 and main:
                 write_samples(os.path.join(cfg.output_dir, "samples", f"step_{step + 1:06d}.jsonl"),
                               batch.rollout.samples, batch.scores, run.rewards.labels, batch.advantages)
             if _eval_due(run, step + 1):
-                row.update(evaluate(run, step + 1))
-            row["time/step_s"] = time.perf_counter() - t0
-            sink.log(_reduce_metrics(acc, row))
+                # every process evaluates the same prompts deterministically, so the values agree
+                row.update({k: mean(v) for k, v in evaluate(run, step + 1).items()})
+            row["time/step_s"] = mean(time.perf_counter() - t0)
+            sink.log({"step": step + 1, **_reduce_metrics(row)})
             every = cfg.checkpoint.every
             if (every and (step + 1) % every == 0) or step + 1 == cfg.max_steps:
                 _save(run, step + 1)

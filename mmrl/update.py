@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import defaultdict
 
 import torch
 
 from mmrl.dist import all_reduce
 from mmrl.losses import LossSpec, Normalizer, policy_loss
+from mmrl.reduce import Accumulator, Metric, maximum, mean
 
 
 class NonFiniteError(RuntimeError):
@@ -21,6 +21,14 @@ def loss_spec(algo) -> LossSpec:
     return LossSpec(clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
                     ratio_level=algo.ratio_level, aggregation=algo.aggregation, kl_beta=algo.kl_beta,
                     kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef)
+
+
+def samples_per_optimizer_step(train, n: int) -> int:
+    """Samples in one optimizer step of a process whose step batch has `n` samples:
+    `samples_per_microbatch * grad_accum_steps`, or all `n` when grad_accum_steps is 0."""
+    per_opt = train.samples_per_microbatch * train.grad_accum_steps or n
+    assert per_opt > 0, (train.samples_per_microbatch, train.grad_accum_steps, n)
+    return per_opt
 
 
 def _normalizer(run, mask: torch.Tensor) -> Normalizer:
@@ -65,22 +73,21 @@ def _old_log_probs(run, ro, single_pass: bool) -> torch.Tensor | None:
         return torch.cat([run.policy.log_probs(ro, idx).log_probs for idx in torch.arange(len(ro)).split(mb)])
 
 
-def update(run, batch, step: int) -> dict:
-    """Optimise the policy on one step's batch; returns the update metrics."""
+def update(run, batch, step: int) -> dict[str, Metric]:
+    """Optimise the policy on one step's batch; returns the update metrics, merged over
+    this process's microbatches (the trainer merges processes)."""
     cfg, acc, policy = run.cfg, run.accelerator, run.policy
     ro, adv = batch.rollout, batch.advantages.to(acc.device)
     n = len(ro)
     if n == 0:
-        return {"update/skipped_empty": 1}
+        return {"update/skipped_empty": mean(1)}
     spec = loss_spec(cfg.algo)
-    ref = policy.reference_log_probs(ro, torch.arange(n)) if spec.kl_beta != 0 else None  # [N, T], once
+    ref = policy.reference_log_probs(ro, torch.arange(n)) if spec.kl_beta != 0 else None  # Reference, once
     mb = cfg.train.samples_per_microbatch
-    per_opt = mb * cfg.train.grad_accum_steps if cfg.train.grad_accum_steps else n
+    per_opt = samples_per_optimizer_step(cfg.train, n)
     old_all = _old_log_probs(run, ro, cfg.train.update_epochs == 1 and per_opt >= n)            # [N, T] or None
     gen = torch.Generator().manual_seed(cfg.seed * 7_919 + step)
-    sums, counts, maxima = defaultdict(float), defaultdict(int), {}
-    counters = run.counters
-    first_dev = None
+    metrics, counters, first_dev = Accumulator(), run.counters, None
     for _ in range(cfg.train.update_epochs):
         perm = torch.randperm(n, generator=gen)                                   # [N]
         for chunk in perm.split(per_opt):
@@ -90,27 +97,19 @@ def update(run, batch, step: int) -> dict:
             for i, idx in enumerate(micro):
                 sync = contextlib.nullcontext() if i == len(micro) - 1 else acc.no_sync(policy.model)
                 with sync, acc.autocast():
-                    scores = policy.log_probs(ro, idx)                            # [n, T]
+                    ref_mb = None if ref is None else ref.select(idx)             # the KL input, explicit
+                    scores = policy.log_probs(ro, idx, ref_mb)                    # [n, T]
                     old = scores.log_probs.detach() if old_all is None else old_all[idx]
                     mask = ro.mask[idx]
-                    loss, m = policy_loss(scores, old, adv[idx], mask, None if ref is None else ref[idx], spec, norm)
+                    ref_lp = None if ref_mb is None else ref_mb.log_probs         # [n, T] or None
+                    loss, m = policy_loss(scores, old, adv[idx], mask, ref_lp, spec, norm)
                     acc.backward(loss)
                 loss_total += float(loss.detach())
                 if first_dev is None:
-                    first_dev = float(m["ratio/max_abs_dev"])
-                for k, v in m.items():
-                    if "max" in k:
-                        maxima[k] = max(maxima.get(k, -math.inf), float(v))
-                    else:
-                        sums[k] += float(v)
-                        counts[k] += 1
-            sums["loss"] += loss_total
-            counts["loss"] += 1
-            sums["grad_norm"] += _optimizer_step(run, run.params, loss_total, counters)
-            counts["grad_norm"] += 1
-    out = {k: sums[k] / counts[k] for k in sums}
-    out.update(maxima)
-    out["ratio/first_max_abs_dev"] = first_dev
-    out["nonfinite/skipped"] = counters["skipped"]
-    out["optim/lr"] = run.scheduler.get_last_lr()[0]
-    return out
+                    first_dev = float(m["ratio/max_abs_dev"].value)
+                metrics.add(m)
+            grad_norm = _optimizer_step(run, run.params, loss_total, counters)
+            metrics.add({"loss": mean(loss_total), "grad_norm": mean(grad_norm)})
+    metrics.add({"ratio/first_max_abs_dev": maximum(first_dev), "nonfinite/skipped": mean(counters["skipped"]),
+                 "optim/lr": mean(run.scheduler.get_last_lr()[0])})
+    return metrics.metrics()

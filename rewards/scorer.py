@@ -144,8 +144,10 @@ class RewardSet:
                 raise RewardError(f"reward {spec.label!r} failed on {failed} of {n} samples "
                                   f"(more than max_fail_frac={spec.max_fail_frac}){cause}")
             good = [v for v in col if not math.isnan(v)]
+            # plain numbers: the trainer declares how each suffix combines over processes
+            # (mmrl/collect.py SCORER_METRICS); a new metric here needs a row there
             metrics[f"reward/{spec.label}/mean"] = sum(good) / len(good) if good else float("nan")
-            metrics[f"reward/{spec.label}/failed"] = failed
+            metrics[f"reward/{spec.label}/failed"] = failed                  # a count
             columns.append(col)
         scores = torch.tensor(columns, dtype=torch.float32).T.reshape(n, len(self.specs))  # [N, K]
         return scores, metrics

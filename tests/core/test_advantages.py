@@ -1,6 +1,6 @@
 """Group advantage estimators and `combine`: hand-computed tables and properties.
 
-Conventions under test (mmrl/advantages.py, REFERENCE.md section 1): std is torch's
+Conventions under test (documented in mmrl/advantages.py's module docstring): std is torch's
 unbiased std (divide by n - 1) over the group's valid rewards, `eps` is added to the std
 (not to the variance); NaN rewards are left out of the statistics and get 0; a group with
 fewer than two valid rewards or all-equal valid rewards gets 0 everywhere.
@@ -99,7 +99,7 @@ def test_grpo_batch_std_table():
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 def test_every_estimator_contract(name):
-    fn = ESTIMATORS.get_item(name)
+    fn = ESTIMATORS.resolve(name)
     r = T([[1, 0, 0, 1],          # signal
            [2, 2, 2, 2],          # zero spread
            [NAN, 0.5, 1.5, NAN],  # signal with NaNs
@@ -116,13 +116,13 @@ def test_every_estimator_contract(name):
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 def test_every_estimator_all_groups_without_signal(name):
-    a = ESTIMATORS.get_item(name)(T([[1, 1], [0, 0], [NAN, 3]]))
+    a = ESTIMATORS.resolve(name)(T([[1, 1], [0, 0], [NAN, 3]]))
     assert a.shape == (3, 2) and (a == 0).all()
 
 
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(KeyError, match="unknown advantage estimator 'gae'.*valid names: dr_grpo, grpo"):
-        ESTIMATORS.get_item("gae", "algo.advantage")
+        ESTIMATORS.resolve("gae", "algo.advantage")
     with pytest.raises(KeyError, match="algo.advantage"):
         combine(T([[1], [0]]), [1.0], group_size=2, estimator="gae", mode="reward_sum")
 
@@ -202,7 +202,7 @@ def tables(draw, nan=True):
 @given(r=tables(), shift=GRID, name=st.sampled_from(["grpo", "dr_grpo", "rloo"]))
 def test_shift_invariance(r, shift, name):
     # the mean (|mean| <= 8) is rounded to ~5e-7; divided by std >= 0.05 -> < 1e-4
-    fn = ESTIMATORS.get_item(name)
+    fn = ESTIMATORS.resolve(name)
     torch.testing.assert_close(fn(r + shift), fn(r), rtol=0, atol=1e-4)
 
 
@@ -251,7 +251,7 @@ def test_nan_entries_get_zero_and_do_not_change_the_others(r):
     # filling NaN slots with a fresh NaN-free group is not the same, but removing them is:
     # the advantage of a valid entry depends only on the valid entries of its group.
     for name in ("grpo", "dr_grpo", "rloo"):
-        fn = ESTIMATORS.get_item(name)
+        fn = ESTIMATORS.resolve(name)
         a = fn(r)
         assert (a[torch.isnan(r)] == 0).all()
         for p in range(r.shape[0]):
