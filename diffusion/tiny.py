@@ -6,19 +6,21 @@ configs exercise the real `from_pretrained(local_folder)` path. Tokenizers are W
 over the words of `PROMPTS` (built with the `tokenizers` library, nothing is downloaded). Shapes follow
 diffusers' own dummy components (tests/pipelines/*/test_pipeline_*.py), shrunk further.
 
-The cache folder is $MMRL_TINY_CACHE, else <tmp>/mmrl-tiny, one sub-folder per kind and version of
-this file; each model is written to a temporary folder and renamed into place, so concurrent
-builders never see a half-written model.
+The cache is the tiny-model cache shared with the VLM adapter (mmrl/tiny.py: $MMRL_TINY_CACHE), one
+sub-folder per kind and version of this file; each model is written to a temporary folder and renamed
+into place, so concurrent builders never see a half-written model. The tokenizer and text-encoder
+recipes (`tokenizer`, `clip_config`, `t5`) are also what the shapes-world text-to-image model is built
+from (shapes_world/t2i_model.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 
 import torch
+
+from mmrl.tiny import build_once, cache_root
 
 # the cache folder name carries a hash of this file, so editing a tiny config never reuses a stale build
 with open(__file__, "rb") as _f:
@@ -56,21 +58,23 @@ def tokenizer(max_length: int, bos: bool, vocab: dict[str, int] | None = None):
                                    pad_token="<pad>", unk_token="<unk>", model_max_length=max_length)
 
 
-def _clip_config(hidden: int, projection: int):
+def clip_config(hidden: int, projection: int, vocab_size: int | None = None, max_length: int = CLIP_LEN):
+    """A 2-layer CLIP text config over a SPECIAL-first vocabulary (default: the words of PROMPTS)."""
     from transformers import CLIPTextConfig
 
-    return CLIPTextConfig(vocab_size=len(_vocab()), hidden_size=hidden, intermediate_size=2 * hidden,
-                          num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=CLIP_LEN,
+    return CLIPTextConfig(vocab_size=vocab_size or len(_vocab()), hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=max_length,
                           projection_dim=projection, bos_token_id=2, eos_token_id=3, pad_token_id=0)
 
 
-def _t5(d_model: int):
+def t5(d_model: int, vocab_size: int | None = None, d_kv: int = 8, layers: int = 1, heads: int = 2):
+    """A T5 encoder with random weights over a SPECIAL-first vocabulary (default: the words of PROMPTS)."""
     from transformers import T5Config, T5EncoderModel
 
-    return T5EncoderModel(T5Config(vocab_size=len(_vocab()), d_model=d_model, d_kv=8, d_ff=2 * d_model,
-                                   num_layers=1, num_heads=2, relative_attention_num_buckets=8,
-                                   relative_attention_max_distance=16, pad_token_id=0, eos_token_id=3,
-                                   decoder_start_token_id=0))
+    return T5EncoderModel(T5Config(vocab_size=vocab_size or len(_vocab()), d_model=d_model, d_kv=d_kv,
+                                   d_ff=2 * d_model, num_layers=layers, num_heads=heads,
+                                   relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                                   pad_token_id=0, eos_token_id=3, decoder_start_token_id=0))
 
 
 def _vae(latent_channels: int, flow: bool):
@@ -93,9 +97,9 @@ def _sd3():
                                         caption_projection_dim=16, pooled_projection_dim=32, pos_embed_max_size=8)
     return StableDiffusion3Pipeline(
         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=_vae(4, flow=True),
-        text_encoder=CLIPTextModelWithProjection(_clip_config(16, 16)), tokenizer=tokenizer(CLIP_LEN, True),
-        text_encoder_2=CLIPTextModelWithProjection(_clip_config(16, 16)), tokenizer_2=tokenizer(CLIP_LEN, True),
-        text_encoder_3=_t5(32), tokenizer_3=tokenizer(T5_LEN, False))
+        text_encoder=CLIPTextModelWithProjection(clip_config(16, 16)), tokenizer=tokenizer(CLIP_LEN, True),
+        text_encoder_2=CLIPTextModelWithProjection(clip_config(16, 16)), tokenizer_2=tokenizer(CLIP_LEN, True),
+        text_encoder_3=t5(32), tokenizer_3=tokenizer(T5_LEN, False))
 
 
 def _sd(prediction_type: str):
@@ -108,7 +112,7 @@ def _sd(prediction_type: str):
                                 norm_num_groups=4, attention_head_dim=2)
     scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
                               set_alpha_to_one=False, steps_offset=1, prediction_type=prediction_type)
-    return StableDiffusionPipeline(vae=_vae(4, flow=False), text_encoder=CLIPTextModel(_clip_config(16, 16)),
+    return StableDiffusionPipeline(vae=_vae(4, flow=False), text_encoder=CLIPTextModel(clip_config(16, 16)),
                                    tokenizer=tokenizer(CLIP_LEN, True), unet=unet, scheduler=scheduler,
                                    safety_checker=None, feature_extractor=None, requires_safety_checker=False)
 
@@ -124,8 +128,8 @@ def _flux():
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
                                                 base_image_seq_len=256, max_image_seq_len=4096)
     return FluxPipeline(scheduler=scheduler, vae=_vae(4, flow=True), transformer=transformer,
-                        text_encoder=CLIPTextModel(_clip_config(16, 16)), tokenizer=tokenizer(CLIP_LEN, True),
-                        text_encoder_2=_t5(32), tokenizer_2=tokenizer(T5_LEN, False))
+                        text_encoder=CLIPTextModel(clip_config(16, 16)), tokenizer=tokenizer(CLIP_LEN, True),
+                        text_encoder_2=t5(32), tokenizer_2=tokenizer(T5_LEN, False))
 
 
 def build(kind: str, seed: int = 0):
@@ -138,28 +142,18 @@ def build(kind: str, seed: int = 0):
         return builders[kind]()
 
 
-def cache_root() -> str:
-    return os.environ.get("MMRL_TINY_CACHE") or os.path.join(tempfile.gettempdir(), "mmrl-tiny")
+def folder_of(kind: str, root: str | None = None) -> str:
+    """The cache folder of the saved tiny pipeline `kind` (under `root`, default the tiny-model cache)."""
+    return os.path.join(root or cache_root(), f"{kind}-v{VERSION}")
+
+
+def _complete(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "model_index.json"))
 
 
 def ensure(kind: str, root: str | None = None) -> str:
     """Folder holding the saved tiny pipeline `kind` (built on first use)."""
-    root = root or cache_root()
-    final = os.path.join(root, f"{kind}-v{VERSION}")
-    if os.path.isfile(os.path.join(final, "model_index.json")):
-        return final
-    os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{kind}-", dir=root)
-    try:
-        build(kind).save_pretrained(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process won the race; its folder is complete
-            if not os.path.isfile(os.path.join(final, "model_index.json")):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return build_once(folder_of(kind, root), lambda tmp: build(kind).save_pretrained(tmp), _complete, f"tiny:{kind}")
 
 
 def resolve(model: str) -> str:

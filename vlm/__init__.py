@@ -4,6 +4,6 @@ backends (Hugging Face generate, vLLM) and token log-probs for image-text-to-tex
 Files, one job each: data/converters (records), images (decoding, resizing), prompts (chat template,
 truncation), features (image encoder outputs, cached per prompt), batch (layout, image-token check),
 generation (HF backend, blocked tokens), logprobs (the one scoring forward), model (loading, LoRA),
-setup (building the parts), policy (the Policy protocol), tiny/synthetic (offline test models and data),
-vllm_backend (optional). See docs/vlm.md.
+setup (building the parts), policy (the Policy protocol), tiny (offline test models; test data in shapes_world),
+vllm_backend (optional). README.md's "Train a VLM reasoner" section is the user guide.
 """

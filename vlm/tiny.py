@@ -1,9 +1,9 @@
 """Tiny vision-language models built offline, in code, with a fixed seed (for tests and CPU configs).
 
-`policy.model: tiny:<family>` names one of them; `resolve_model` builds it once into a cache
-folder (`$MMRL_TINY_CACHE`, default `~/.cache/mmrl/tiny`) with `save_pretrained` and returns that
-folder, so the policy then loads it with `from_pretrained` exactly like a real checkpoint (the
-real code path). Tests may also call `build(family, folder)` and pass the folder as `policy.model`.
+`policy.model: tiny:<family>` names one of them; `resolve_model` builds it once into the tiny-model
+cache (mmrl/tiny.py: `$MMRL_TINY_CACHE`, shared with the diffusion adapter) with `save_pretrained`
+and returns that folder, so the policy then loads it with `from_pretrained` exactly like a real
+checkpoint (the real code path). Tests may also call `build(family, folder)` and pass the folder as `policy.model`.
 
 Families (each a real transformers architecture, tokenizer and processor included):
   qwen2_5_vl  Qwen2_5_VLForConditionalGeneration + Qwen2_5_VLProcessor; text hidden 128 with 4 heads
@@ -11,17 +11,22 @@ Families (each a real transformers architecture, tokenizer and processor include
   llava       LlavaForConditionalGeneration (CLIP vision tower + Llama) + LlavaProcessor, 28x28 images.
 The tokenizer is a byte-level BPE trained on a fixed corpus (deterministic), with the family's
 special tokens and the R1 tags `<think>`, `</think>`, `<answer>`, `</answer>` as single tokens.
+The Qwen2.5-VL recipes (`qwen2_5_vl_tokenizer`, `qwen2_5_vl_processor`, `qwen2_5_vl_config`,
+`set_generation_ids`) are also what the shapes-world VLM is built from (shapes_world/vlm_model.py).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 
 import torch
 
+from mmrl.tiny import build_once, cache_root
+
 VERSION = "v1"  # bump when a family's build changes, so stale cache folders are not reused
 FAMILIES = ("qwen2_5_vl", "llava")
+QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                "<|image_pad|>", "<|video_pad|>"]
 R1_TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 _CORPUS = [
     "<think> The image shows 3 objects, so the answer is 3. </think> <answer> 3 </answer>",
@@ -57,8 +62,9 @@ LLAVA_TEMPLATE = (
 )
 
 
-def cache_root() -> str:
-    return os.environ.get("MMRL_TINY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "mmrl", "tiny")
+def folder_of(family: str) -> str:
+    """The cache folder of the built `tiny:<family>` model."""
+    return os.path.join(cache_root(), f"{family}-{VERSION}")
 
 
 def resolve_model(name: str) -> str:
@@ -69,16 +75,16 @@ def resolve_model(name: str) -> str:
     if family not in FAMILIES:
         raise ValueError(f"config key 'policy.model': unknown tiny model {name!r}; valid: "
                          f"{', '.join('tiny:' + f for f in FAMILIES)}")
-    folder = os.path.join(cache_root(), f"{family}-{VERSION}")
+    folder = folder_of(family)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         # save_pretrained writes only on rank 0 of a process group: rank 0 builds, the others wait
-        if dist.get_rank() == 0 and not _complete(folder):
-            _build_atomic(family, folder)
+        if dist.get_rank() == 0:
+            _build_once(family, folder)
         dist.barrier()
-    elif not _complete(folder):
-        _build_atomic(family, folder)
+    else:
+        _build_once(family, folder)
     return folder
 
 
@@ -87,21 +93,13 @@ def _complete(folder: str) -> bool:
                                                                  "processor_config.json"))
 
 
-def _build_atomic(family: str, folder: str) -> None:
-    """Build into a temporary folder, then rename (a concurrent builder's result is kept)."""
-    tmp = f"{folder}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    build(family, tmp)
-    if not _complete(tmp):
-        raise RuntimeError(f"building tiny:{family} into {tmp!r} left it incomplete: {sorted(os.listdir(tmp))}")
-    try:
-        os.rename(tmp, folder)
-    except OSError:  # another process built it first
-        shutil.rmtree(tmp, ignore_errors=True)
+def _build_once(family: str, folder: str) -> None:
+    build_once(folder, lambda tmp: build(family, tmp), _complete, f"tiny:{family}")
 
 
-def _bpe(special: list[str], vocab_size: int = 320):
-    """A deterministic byte-level BPE over `_CORPUS` with `special` tokens first (ids 0..)."""
+def bpe(corpus: list[str], special: list[str], vocab_size: int):
+    """A deterministic byte-level BPE over `corpus` (four passes) with `special` tokens first (ids 0..),
+    then the R1 tags as added tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -109,9 +107,53 @@ def _bpe(special: list[str], vocab_size: int = 320):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_CORPUS * 4, trainer)
+    tok.train_from_iterator(corpus * 4, trainer)
     tok.add_tokens(R1_TAGS)
     return tok
+
+
+def qwen2_5_vl_tokenizer(corpus: list[str], vocab_size: int):
+    """A Qwen-style fast tokenizer over `bpe(corpus, QWEN_SPECIAL, vocab_size)`."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=bpe(corpus, QWEN_SPECIAL, vocab_size), eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", additional_special_tokens=QWEN_SPECIAL[1:])
+
+
+def qwen2_5_vl_processor(tok, min_pixels: int, max_pixels: int):
+    """Qwen2.5-VL processor with `tok`, QWEN_TEMPLATE and images resized to [min_pixels, max_pixels]."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    return Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels),
+        video_processor=Qwen2VLVideoProcessor(), tokenizer=tok, chat_template=QWEN_TEMPLATE)
+
+
+def qwen2_5_vl_config(tok, text: dict | None = None, vision: dict | None = None):
+    """The tiny Qwen2.5-VL config over `tok`'s vocabulary and special ids; `text` and `vision` replace
+    or add entries of the text and vision sub-configs."""
+    from transformers import Qwen2_5_VLConfig
+
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL}
+    text_config = dict(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                       rope_parameters={"rope_type": "default", "mrope_section": [4, 6, 6], "rope_theta": 10000.0},
+                       bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                       pad_token_id=ids["<|endoftext|>"]) | (text or {})
+    vision_config = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                         patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                         fullatt_block_indexes=[1]) | (vision or {})
+    return Qwen2_5_VLConfig(
+        text_config=text_config, vision_config=vision_config,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+
+
+def set_generation_ids(model, tok) -> None:
+    """Stop generation at `<|im_end|>` or `<|endoftext|>` and pad with `<|endoftext|>`."""
+    end, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    model.generation_config.eos_token_id = [end, pad]
+    model.generation_config.pad_token_id = pad
 
 
 def build(family: str, folder: str, seed: int = 0) -> str:
@@ -129,31 +171,12 @@ def build(family: str, folder: str, seed: int = 0) -> str:
 
 
 def _build_qwen2_5_vl():
-    from transformers import (PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
-                              Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-               "<|image_pad|>", "<|video_pad|>"]
-    tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(special), eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", additional_special_tokens=special[1:])
-    ids = {t: tok.convert_tokens_to_ids(t) for t in special}
-    processor = Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=28 * 28 * 64),
-        video_processor=Qwen2VLVideoProcessor(), tokenizer=tok, chat_template=QWEN_TEMPLATE)
-    cfg = Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         rope_parameters={"rope_type": "default", "mrope_section": [4, 6, 6], "rope_theta": 10000.0},
-                         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-                         pad_token_id=ids["<|endoftext|>"]),
-        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
-                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
-                           fullatt_block_indexes=[1]),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
-    model = Qwen2_5_VLForConditionalGeneration(cfg)
-    model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    tok = qwen2_5_vl_tokenizer(_CORPUS, 320)
+    processor = qwen2_5_vl_processor(tok, 28 * 28, 28 * 28 * 64)
+    model = Qwen2_5_VLForConditionalGeneration(qwen2_5_vl_config(tok))
+    set_generation_ids(model, tok)
     return model, processor
 
 
@@ -162,7 +185,7 @@ def _build_llava():
                               LlavaForConditionalGeneration, LlavaProcessor, PreTrainedTokenizerFast)
 
     special = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
-    tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(special), unk_token="<unk>", bos_token="<s>",
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe(_CORPUS, special, 320), unk_token="<unk>", bos_token="<s>",
                                   eos_token="</s>", pad_token="<pad>", additional_special_tokens=["<image>"])
     ids = {t: tok.convert_tokens_to_ids(t) for t in special}
     image_processor = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})

@@ -1,2 +1,3 @@
-"""The shapes world: procedural scenes of coloured shapes, their VLM questions and
-text-to-image prompts, and programmatic verifiers. Shared by both adapters' defaults."""
+"""The rewards of the shapes world (its generators, pretraining scripts and models live in
+shapes_world/): the palette every part draws and checks with (palette.py) and the programmatic
+verifiers `shapes_t2i` and `shapes_vlm` (verify.py, registered by rewards.builtin)."""

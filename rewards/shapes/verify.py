@@ -17,7 +17,7 @@ import numpy as np
 from rewards.builtin.grounding import iou
 from rewards.builtin.text import exact, numeric
 from rewards.registry import register
-from rewards.shapes.scene import COLORS
+from rewards.shapes.palette import BACKGROUND, COLORS
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,10 @@ def _components(mask: np.ndarray) -> list[list[tuple[int, int]]]:
 
 def find_blobs(image, min_area_frac: float = 0.004, threshold: float = 90.0) -> list[Blob]:
     """Blobs of each palette colour: pixels nearer to that colour than `threshold` (RGB
-    distance) and nearer to it than to any other palette colour or the white background."""
+    distance) and nearer to it than to any other palette colour or the background."""
     arr = np.asarray(image.convert("RGB"), dtype=np.float32)            # [H, W, 3]
     names = list(COLORS)
-    palette = np.array([COLORS[c] for c in names] + [(255, 255, 255)], dtype=np.float32)  # [C+1, 3]
+    palette = np.array([COLORS[c] for c in names] + [BACKGROUND], dtype=np.float32)     # [C+1, 3]
     dist = np.linalg.norm(arr[:, :, None, :] - palette[None, None], axis=-1)             # [H, W, C+1]
     nearest = dist.argmin(-1)                                           # [H, W]
     min_area = max(2, int(min_area_frac * arr.shape[0] * arr.shape[1]))

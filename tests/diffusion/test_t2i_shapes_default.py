@@ -35,7 +35,7 @@ def test_shortened_default_raises_the_held_out_reward(tmp_path, eval_curve_of):
 
 def test_pretraining_script_writes_a_loadable_pipeline(tmp_path):
     out = tmp_path / "pipe"
-    cmd = [sys.executable, "-m", "diffusion.pretrain_shapes", "--seed", "0", "--out", str(out), "--iters", "2",
+    cmd = [sys.executable, "-m", "shapes_world.pretrain_t2i", "--seed", "0", "--out", str(out), "--iters", "2",
            "--bias-iters", "1", "--batch", "4", "--log-every", "1", "--no-eval"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -58,8 +58,8 @@ def test_washed_out_targets_mostly_fail_the_verifier_and_true_ones_pass():
     import numpy as np
     from PIL import Image
 
-    from diffusion.pretrain_shapes import targets
-    from rewards.shapes.tasks import t2i_records
+    from shapes_world.pretrain_t2i import targets
+    from shapes_world.tasks import t2i_records
     from rewards.shapes.verify import score_image
 
     means = {}

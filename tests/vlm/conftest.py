@@ -57,6 +57,6 @@ def make_policy(tmp_path):
 
 @pytest.fixture
 def counting_rows():
-    from vlm.synthetic import counting
+    from shapes_world.standins import counting
 
     return counting(n=4, seed=0)

@@ -59,7 +59,7 @@ def test_resize_record():
 def test_box_round_trip_through_a_rollout(make_policy):
     """A box the model would write in its (resized) frame scores IoU 1 against the original-frame gold."""
     from rewards.builtin.grounding import iou, map_box
-    from vlm.synthetic import grounding
+    from shapes_world.standins import grounding
 
     row = grounding(n=1, seed=3, width=90, height=70)[0]
     policy = make_policy("qwen2_5_vl", min_pixels=784, max_pixels=28 * 28 * 6, max_new_tokens=2)

@@ -16,7 +16,7 @@ from PIL import Image
 
 from mmrl.config import load_config
 from vlm.data import load
-from vlm.synthetic import counting, grounding
+from shapes_world.standins import counting, grounding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = sorted(glob.glob(os.path.join(ROOT, "configs", "vlm", "*.yaml")))

@@ -35,7 +35,7 @@ def test_shortened_default_raises_the_held_out_reward(tmp_path, eval_curve_of):
 
 def test_pretraining_script_writes_a_loadable_model(tmp_path):
     out = tmp_path / "model"
-    cmd = [sys.executable, "-m", "vlm.pretrain_shapes", "--seed", "0", "--out", str(out), "--iters", "3",
+    cmd = [sys.executable, "-m", "shapes_world.pretrain_vlm", "--seed", "0", "--out", str(out), "--iters", "3",
            "--batch", "4", "--pool", "16", "--val", "8", "--log-every", "3"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -3,10 +3,11 @@
 `StableDiffusion3Pipeline` with every component shrunk: an `SD3Transformer2DModel` over 32x32 RGB
 "latents" (pixels in [-1, 1], patches of 4x4 -> 64 image tokens), `PixelAutoencoder` in the VAE slot
 (identity, diffusion/pixel.py), two tiny CLIP text encoders and a tiny T5 over a WordLevel vocabulary
-of the shapes prompts (rewards/shapes/tasks.py), built offline with `tokenizers`. SD3's text
-conditioning is kept as is: the two CLIPs' hidden states are concatenated (2 x 32 = 64 = T5's width =
-joint_attention_dim) and their pooled projections form the pooled embedding (2 x 32 = 64).
-`diffusion.pretrain_shapes` trains it; assets/tiny/shapes_t2i holds the result.
+of the shapes prompts (shapes_world/tasks.py), built offline with `tokenizers` from the recipes of
+diffusion/tiny.py. SD3's text conditioning is kept as is: the two CLIPs' hidden states are
+concatenated (2 x 32 = 64 = T5's width = joint_attention_dim) and their pooled projections form the
+pooled embedding (2 x 32 = 64).
+`shapes_world.pretrain_t2i` trains it; assets/tiny/shapes_t2i holds the result.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from diffusion import tiny
+from shapes_world.tasks import t2i_prompt_space
 
 IMAGE_SIZE = 32            # pixels; the latents are [B, 3, 32, 32]
 TEXT_LEN = 8               # tokens: the longest prompt has 6 words, plus <bos> and <eos>
@@ -27,28 +29,18 @@ SHIFT = 3.0                # timestep shift of the scheduler and of the pretrain
 
 def vocab() -> dict[str, int]:
     """Word -> id: tiny.SPECIAL (ids 0..3), then every word of the shapes prompt space (counts up to 4)."""
-    from rewards.shapes.tasks import t2i_prompt_space
-
     words = sorted({w for r in t2i_prompt_space(max_count=4) for w in r["prompt"].split()})
     return {w: i for i, w in enumerate(tiny.SPECIAL + words)}
 
 
 def _clip():
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+    from transformers import CLIPTextModelWithProjection
 
-    return CLIPTextModelWithProjection(CLIPTextConfig(
-        vocab_size=len(vocab()), hidden_size=CLIP_HIDDEN, intermediate_size=2 * CLIP_HIDDEN, num_hidden_layers=2,
-        num_attention_heads=2, max_position_embeddings=TEXT_LEN, projection_dim=CLIP_PROJ,
-        bos_token_id=2, eos_token_id=3, pad_token_id=0))
+    return CLIPTextModelWithProjection(tiny.clip_config(CLIP_HIDDEN, CLIP_PROJ, len(vocab()), TEXT_LEN))
 
 
 def _t5():
-    from transformers import T5Config, T5EncoderModel
-
-    return T5EncoderModel(T5Config(vocab_size=len(vocab()), d_model=T5_WIDTH, d_kv=16, d_ff=2 * T5_WIDTH,
-                                   num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-                                   relative_attention_max_distance=16, pad_token_id=0, eos_token_id=3,
-                                   decoder_start_token_id=0))
+    return tiny.t5(T5_WIDTH, len(vocab()), d_kv=16, layers=2, heads=4)
 
 
 def build(seed: int = 0):

@@ -1,9 +1,9 @@
 """Briefly pretrain the shapes-world VLM (supervised next-token training), stopped early on purpose.
 
-    python -m vlm.pretrain_shapes --seed 0 --out assets/tiny/shapes_vlm
+    python -m shapes_world.pretrain_vlm --seed 0 --out assets/tiny/shapes_vlm
 
-Builds the tiny Qwen2.5-VL of `vlm.shapes_model` (random init, fixed seed) and trains it on
-shapes-world questions of the TRAIN split (`rewards.shapes.tasks:vlm_records`) with the targets
+Builds the tiny Qwen2.5-VL of `shapes_world.vlm_model` (random init, fixed seed) and trains it on
+shapes-world questions of the TRAIN split (`shapes_world.tasks:vlm_records`) with the targets
 `<answer>{answer}</answer><|im_end|>`, laid out exactly as the RL adapter lays out a prompt (same
 chat template, format prompt, image resize). Two phases, both short on purpose:
   1. `--iters` steps on the true answers: the model learns the format and some perception
@@ -27,10 +27,10 @@ import time
 
 import torch
 
-from rewards.shapes.tasks import vlm_records
+from shapes_world.tasks import vlm_records
+from shapes_world.vlm_model import FORMAT_PROMPT, MODEL_SIDE, build, save
 from vlm.images import ResizePolicy, resize
 from vlm.prompts import build_messages, format_text
-from vlm.shapes_model import FORMAT_PROMPT, MODEL_SIDE, build, save
 
 TASKS = ["count", "attribute", "relation"]
 DEFAULT = {"count": "2", "attribute": "blue", "relation": "yes"}   # phase 2's biased answers

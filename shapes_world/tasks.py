@@ -1,4 +1,4 @@
-"""Tasks over the shapes world, as dataset records (`data.train: rewards.shapes.tasks:...`).
+"""Tasks over the shapes world, as dataset records (`data.train: shapes_world.tasks:...`).
 
 VLM questions with verifiable answers: counting, attribute, relation, grounding.
 Text-to-image prompts: a count of coloured shapes, optionally on one side.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from rewards.shapes.scene import COLORS, SHAPES, Scene, render, sample_scene
+from shapes_world.scene import COLORS, SHAPES, Scene, Shape, place, render, sample_scene
 
 EVAL_SEED_BASE = 10**6
 PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles"}
@@ -116,8 +116,6 @@ def t2i_records(split: str = "train", eval_fraction: float = 0.2, max_count: int
 
 def render_prompt(spec: dict, seed: int, size: int = 32):
     """An image that satisfies a text-to-image prompt spec (pretraining targets)."""
-    from rewards.shapes.scene import Scene, Shape, place
-
     rng = random.Random(seed)
     side = max(4, size // 4)
     half = size // 2

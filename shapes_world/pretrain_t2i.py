@@ -1,6 +1,6 @@
-"""Pretrain the shapes-world text-to-image model (diffusion/shapes_model.py), briefly and on purpose.
+"""Pretrain the shapes-world text-to-image model (shapes_world/t2i_model.py), briefly and on purpose.
 
-    python -m diffusion.pretrain_shapes --seed 0 --out assets/tiny/shapes_t2i
+    python -m shapes_world.pretrain_t2i --seed 0 --out assets/tiny/shapes_t2i
 
 Supervised conditional flow matching (rectified flow as in SD3, arXiv 2403.03206): for a target image
 x0 (render_prompt of a random t2i_records("train") spec: an image that satisfies its prompt), noise e
@@ -10,7 +10,7 @@ encoders are trained jointly (they start random); a prompt is replaced by "" wit
 `--drop` so the unconditional embedding of classifier-free guidance is learnt too.
 
 Two phases, so that the RL default (configs/tiny/t2i_shapes.yaml) starts from a policy that is right
-only some of the time, with a deficit a verifier reward can remove (like vlm.pretrain_shapes):
+only some of the time, with a deficit a verifier reward can remove (like shapes_world.pretrain_vlm):
   1. `--iters` steps on targets that satisfy their prompts;
   2. `--bias-iters` steps where each target is, with probability `--bias`, washed out toward white
      by a random TINT fraction (a biased teacher), so the model paints pale shapes that the
@@ -39,14 +39,15 @@ import time
 import numpy as np
 import torch
 
-from diffusion import shapes_model
+from shapes_world import t2i_model
+from shapes_world.tasks import render_prompt, t2i_records
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "configs", "tiny", "t2i_shapes.yaml")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m diffusion.pretrain_shapes", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m shapes_world.pretrain_t2i", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output pipeline folder (replaced if it exists)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights, the targets and the noise")
     p.add_argument("--iters", type=int, default=2500, help="phase 1: optimizer steps on true targets (the early stop)")
@@ -82,12 +83,10 @@ def targets(records: list[dict], n: int, drop: float, rng: random.Random,
             bias: float = 0.0) -> tuple[list[str], torch.Tensor]:
     """n (prompt, image) pairs: a random train spec rendered at a random seed; prompt '' with prob `drop`;
     with prob `bias` the image is washed out toward white by a TINT fraction (the prompt is unchanged)."""
-    from rewards.shapes.tasks import render_prompt
-
     prompts, images = [], []
     for _ in range(n):
         spec = rng.choice(records)
-        image = render_prompt(spec, rng.randrange(2**31), shapes_model.IMAGE_SIZE)
+        image = render_prompt(spec, rng.randrange(2**31), t2i_model.IMAGE_SIZE)
         arr = np.asarray(image, dtype=np.float32)                                   # [H, W, 3] in [0, 255]
         if bias and rng.random() < bias:                                            # (phase 1 draws no extra numbers)
             t = rng.uniform(*TINT)
@@ -101,7 +100,7 @@ def flow_matching_loss(pipe, prompts: list[str], x0: torch.Tensor, gen: torch.Ge
     """Mean squared error of the predicted velocity against e - x0 (text encoders with grad)."""
     embeds, _, pooled, _ = pipe.encode_prompt(prompt=prompts, prompt_2=None, prompt_3=None, device=x0.device,
                                               do_classifier_free_guidance=False,
-                                              max_sequence_length=shapes_model.TEXT_LEN)   # [n, L, D], [n, P]
+                                              max_sequence_length=t2i_model.TEXT_LEN)   # [n, L, D], [n, P]
     n = x0.shape[0]
     sigma = torch.sigmoid(torch.randn(n, generator=gen))                      # [n] logit-normal(0, 1)
     shift = pipe.scheduler.config.shift                                       # the sampler's timestep shift
@@ -125,8 +124,6 @@ def fit(pipe, args: argparse.Namespace, iters: int, bias: float, seed: int, hook
     """Train `pipe` in place for `iters` steps (targets miscoloured with prob `bias`; a fresh optimizer,
     warm-up and RNG per phase); `hook(step, pipe)` runs every args.eval_every steps.
     Returns the mean loss of the last logging window."""
-    from rewards.shapes.tasks import t2i_records
-
     records, rng = t2i_records("train"), random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     params = trainable(pipe)
@@ -169,10 +166,10 @@ def save(pipe, out: str) -> None:
 
 def held_out_score(folder: str, config: str = DEFAULT_CONFIG, overrides: tuple = ()) -> float:
     """Mean shapes_t2i reward of the pipeline in `folder` under the step-0 evaluation of `config`:
-    its policy settings, its first eval.max_prompts eval records, seeds seed * 31 + i (mmrl/evaluation.py)."""
+    its policy settings, its first eval.max_prompts eval records, seeds from mmrl.data.eval_seed."""
     from diffusion.policy import build
     from mmrl.config import load_config
-    from mmrl.data import load_records
+    from mmrl.data import eval_seed, load_records
     from mmrl.policies import BuildContext
     from mmrl.types import PromptBatch
     from rewards.shapes.verify import shapes_t2i
@@ -181,7 +178,7 @@ def held_out_score(folder: str, config: str = DEFAULT_CONFIG, overrides: tuple =
     policy = build(cfg.policy, BuildContext(torch.device("cpu"), cfg.seed, "", "fp32"))
     rows = load_records(cfg.data.eval, cfg.data.eval_kwargs, "data.eval")[:cfg.eval.max_prompts]
     index = list(range(len(rows)))
-    samples = policy.generate_eval(PromptBatch(rows=rows, index=index, seeds=[cfg.seed * 31 + i for i in index],
+    samples = policy.generate_eval(PromptBatch(rows=rows, index=index, seeds=[eval_seed(cfg.seed, i) for i in index],
                                                step=-1))
     scores = shapes_t2i(samples)
     return float(sum(scores) / len(scores))
@@ -198,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
 
         pipe = StableDiffusion3Pipeline.from_pretrained(args.init)
     else:
-        pipe = shapes_model.build(args.seed)
+        pipe = t2i_model.build(args.seed)
     n = sum(p.numel() for p in pipe.transformer.parameters())
-    print(f"pretrain_shapes: pixel-space SD3, transformer {n / 1e6:.2f}M parameters, {args.iters} + "
+    print(f"pretrain_t2i: pixel-space SD3, transformer {n / 1e6:.2f}M parameters, {args.iters} + "
           f"{args.bias_iters} (bias {args.bias}) steps of {args.batch} targets, seed {args.seed}", flush=True)
 
     def report(step, model):
@@ -215,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.bias_iters:
         loss = fit(pipe, args, args.bias_iters, args.bias, args.seed + 1, hook=report)
     save(pipe, args.out)
-    print(f"pretrain_shapes: final loss {loss:.4f}; saved {args.out} in {time.perf_counter() - start:.0f}s", flush=True)
+    print(f"pretrain_t2i: final loss {loss:.4f}; saved {args.out} in {time.perf_counter() - start:.0f}s", flush=True)
     if not args.no_eval:
-        print(f"pretrain_shapes: held-out shapes_t2i score {held_out_score(args.out, args.config):.3f} "
+        print(f"pretrain_t2i: held-out shapes_t2i score {held_out_score(args.out, args.config):.3f} "
               f"({args.config}, step-0 evaluation)", flush=True)
     return 0
 

@@ -1,5 +1,5 @@
-"""Procedural scenes: a few circles, squares and triangles of distinct colours on a white
-canvas, fully determined by a seed, rendered with Pillow."""
+"""Procedural scenes: a few circles, squares and triangles in the palette's colours
+(rewards/shapes/palette.py) on its background, fully determined by a seed, rendered with Pillow."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
-SHAPES = ("circle", "square", "triangle")
-COLORS = {"red": (220, 30, 30), "green": (30, 170, 50), "blue": (30, 60, 220), "yellow": (230, 200, 20)}
-BACKGROUND = (255, 255, 255)
+from rewards.shapes.palette import BACKGROUND, COLORS, SHAPES  # the one palette, shared with the verifier
+
+__all__ = ["BACKGROUND", "COLORS", "SHAPES", "Scene", "Shape", "draw_shape", "place", "render", "sample_scene"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,116 @@
+"""The shapes world's generators: deterministic scenes, held-out splits, right answers, the dataset
+stand-ins, and one palette shared by every generator and the verifier."""
+
+import io
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from rewards.shapes import palette
+from rewards.shapes.verify import find_blobs
+from shapes_world import scene as scene_module
+from shapes_world.scene import SHAPES, Scene, Shape, render, sample_scene
+from shapes_world.standins import counting, grounding
+from shapes_world.tasks import t2i_prompt_space, t2i_records, vlm_records
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGES = ("mmrl", "vlm", "diffusion", "rewards", "shapes_world", "benchmarks")
+
+
+def _colours(image) -> set[tuple[int, int, int]]:
+    arr = np.asarray(image.convert("RGB")).reshape(-1, 3)                     # [H * W, 3]
+    return {tuple(int(v) for v in px) for px in np.unique(arr, axis=0)}
+
+
+def _png(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data))
+
+
+def test_scenes_are_determined_by_seed():
+    assert sample_scene(3) == sample_scene(3)
+    assert render(sample_scene(3)).tobytes() == render(sample_scene(3)).tobytes()
+    assert sample_scene(3) != sample_scene(4)
+
+
+def test_splits_are_disjoint():
+    train = {r["scene_seed"] for r in vlm_records(50, "train")}
+    evals = {r["scene_seed"] for r in vlm_records(50, "eval")}
+    assert not train & evals
+    t_train, t_eval = {r["prompt"] for r in t2i_records("train")}, {r["prompt"] for r in t2i_records("eval")}
+    assert not t_train & t_eval and t_eval
+    assert len(t_train | t_eval) == len(t2i_prompt_space())
+
+
+def test_vlm_answers_are_right_for_the_scene():
+    for r in vlm_records(40, "train", ["count", "attribute", "relation", "grounding"]):
+        scene = sample_scene(r["scene_seed"])
+        if r["task"] == "count":
+            color = r["prompt"].split()[2]
+            assert int(r["answer"]) == sum(s.color == color for s in scene.shapes)
+        if r["task"] == "grounding":
+            assert tuple(r["answer"]) in {s.box for s in scene.shapes}
+
+
+def test_t2i_records_repeats_the_split_for_multi_seed_evaluation():
+    once, four = t2i_records("eval"), t2i_records("eval", repeats=4)
+    assert four == once * 4 and four[0] is not four[len(once)]
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        t2i_records("eval", repeats=0)
+
+
+def test_the_generators_draw_with_the_palette_the_verifier_reads():
+    assert scene_module.COLORS is palette.COLORS and scene_module.BACKGROUND is palette.BACKGROUND
+    allowed = set(palette.COLORS.values()) | {palette.BACKGROUND}
+    for r in vlm_records(24, "train"):
+        assert _colours(r["images"][0]) <= allowed
+    for r in counting(n=6, seed=0) + grounding(n=4, seed=0):
+        assert _colours(_png(r["images"][0])) <= allowed
+    for color, rgb in palette.COLORS.items():
+        for kind in SHAPES:
+            image = render(Scene(32, (Shape(kind, color, (4, 4, 14, 14)),)))
+            assert _colours(image) == {rgb, palette.BACKGROUND}, (color, kind)
+            assert [(b.color, b.kind) for b in find_blobs(image)] == [(color, kind)]
+
+
+def test_colour_names_map_to_rgb_in_one_module_only():
+    table = re.compile(r"""["']red["']\s*:\s*\(""")
+    found = []
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(REPO, package)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path, encoding="utf-8") as f:
+                        if table.search(f.read()):
+                            found.append(os.path.relpath(path, REPO))
+    assert found == [os.path.join("rewards", "shapes", "palette.py")]
+
+
+def test_standin_answers_match_their_pixels():
+    (row,) = grounding(n=1, seed=3, width=90, height=70)
+    arr = np.asarray(_png(row["images"][0]).convert("RGB"))                    # [70, 90, 3]
+    ys, xs = np.nonzero((arr == palette.COLORS["red"]).all(-1))
+    assert [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1] == row["answer"]   # x2, y2 exclusive
+    assert _png(row["images"][0]).size == (90, 70)
+    for r in counting(n=8, seed=1, max_count=3):
+        blobs = find_blobs(_png(r["images"][0]))
+        assert len(blobs) == int(r["answer"]) and {b.kind for b in blobs} == {"square"}
+
+
+def _imports_in_fresh_python(code: str) -> None:
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_generators_import_no_adapter_and_rewards_import_no_world():
+    """The generators stand on rewards' palette alone; rewards (the verifiers) never reach up."""
+    _imports_in_fresh_python("import sys, shapes_world.scene, shapes_world.tasks, shapes_world.standins; "
+                             "up = {m.split('.')[0] for m in sys.modules} & {'mmrl', 'vlm', 'diffusion'}; "
+                             "assert not up, sorted(up)")
+    _imports_in_fresh_python("import sys, rewards.builtin, rewards.shapes.verify; "
+                             "assert 'shapes_world' not in {m.split('.')[0] for m in sys.modules}")
