@@ -9,11 +9,9 @@ reward samples. Goal: mmrl / diffusers <= 1.03.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from common import interleaved, machine, median, table, tiny_diffusion_policy
+from common import Report, diffusion_options, interleaved, machine, pair_rows, run, table, tiny_diffusion_policy
 from mmrl.types import PromptBatch
 
 PROMPTS = ["a red circle", "two blue squares"]
@@ -39,24 +37,17 @@ def contenders(kind: str, steps: int, group: int):
     return {"mmrl rollout (SDE + log-probs)": mmrl_rollout, "diffusers pipeline": diffusers_pipeline}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--group", type=int, default=8)
-    args = ap.parse_args()
-    torch.manual_seed(0)
+def measure(args) -> Report:
     rows, ratios = [], []
     for kind in ("sd3", "sd"):
-        times = interleaved(contenders(kind, args.steps, args.group), repeats=args.repeats)
-        (a, ta), (b, tb) = times.items()
-        ratio = median(ta) / median(tb)
+        pair, ratio = pair_rows(kind, interleaved(contenders(kind, args.steps, args.group), repeats=args.repeats))
+        rows += pair
         ratios.append(ratio)
-        rows += [[kind, a, median(ta), ratio], [kind, b, median(tb), 1.0]]
-    print(table(f"diffusion rollout, {len(PROMPTS)} prompts x {args.group} images, {args.steps} steps, CFG "
-                f"({machine()})", ["family", "contender", "median s", "ratio"], rows))
-    print(f"headline: mmrl rollout / diffusers sampling = {max(ratios):.3f} (worst family; goal <= 1.03)")
+    title = (f"diffusion rollout, {len(PROMPTS)} prompts x {args.group} images, {args.steps} steps, CFG "
+             f"({machine()})")
+    return Report([table(title, ["family", "contender", "median s", "ratio"], rows)],
+                  f"mmrl rollout / diffusers sampling = {max(ratios):.3f} (worst family; goal <= 1.03)")
 
 
 if __name__ == "__main__":
-    main()
+    run(__doc__, diffusion_options, measure)

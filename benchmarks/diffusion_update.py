@@ -11,11 +11,9 @@ Goal: mmrl / raw <= 1.10.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from common import interleaved, machine, median, table, tiny_diffusion_policy
+from common import Report, diffusion_options, interleaved, machine, pair_rows, run, table, tiny_diffusion_policy
 from diffusion.families.common import chunked_forward
 from diffusion.sampler import transitions
 from mmrl.losses import LossSpec, policy_loss
@@ -71,27 +69,20 @@ def memory(kind: str, steps: int, group: int) -> list[list]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--group", type=int, default=8)
-    args = ap.parse_args()
-    torch.manual_seed(0)
+def measure(args) -> Report:
     rows, ratios, mem = [], [], []
     for kind in ("sd3", "sd"):
-        times = interleaved(contenders(kind, args.steps, args.group), repeats=args.repeats)
-        (a, ta), (b, tb) = times.items()
-        ratios.append(median(ta) / median(tb))
-        rows += [[kind, a, median(ta), ratios[-1]], [kind, b, median(tb), 1.0]]
+        pair, ratio = pair_rows(kind, interleaved(contenders(kind, args.steps, args.group), repeats=args.repeats))
+        rows += pair
+        ratios.append(ratio)
         mem += memory(kind, args.steps, args.group)
-    print(table(f"diffusion update, {len(PROMPTS)} prompts x {args.group} images x {args.steps} trained steps, CFG "
-                f"({machine()})", ["family", "contender", "median s", "ratio"], rows))
-    print()
-    print(table("rollout memory per sample (stored latents)", ["family", "timesteps", "latents", "bytes",
-                                                               "all S+1 bytes", "fraction"], mem))
-    print(f"headline: mmrl update / raw denoiser fwd+bwd = {max(ratios):.3f} (worst family; goal <= 1.10)")
+    title = (f"diffusion update, {len(PROMPTS)} prompts x {args.group} images x {args.steps} trained steps, CFG "
+             f"({machine()})")
+    return Report([table(title, ["family", "contender", "median s", "ratio"], rows),
+                   table("rollout memory per sample (stored latents)",
+                         ["family", "timesteps", "latents", "bytes", "all S+1 bytes", "fraction"], mem)],
+                  f"mmrl update / raw denoiser fwd+bwd = {max(ratios):.3f} (worst family; goal <= 1.10)")
 
 
 if __name__ == "__main__":
-    main()
+    run(__doc__, diffusion_options, measure)

@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path[:0] = [p for p in (HERE, REPO) if p not in sys.path]
 
-from common import interleaved, machine, median, table  # noqa: E402
+from common import Report, cases_headline, interleaved, machine, median, run, table  # noqa: E402
 
 # Model sizes: S is vlm/tiny.py's qwen2_5_vl (text hidden 128 x 2 layers, vision 64 x 2); M is wider/deeper.
 SIZES = {
@@ -86,7 +86,7 @@ class Workload:
     """One benchmark case: model folder, records, and the shared knobs."""
 
     def __init__(self, size: str, side: int, prompts: int, group: int, new_tokens: int, lr: float, root: str):
-        from vlm.synthetic import counting
+        from shapes_world.standins import counting
 
         self.size, self.side, self.prompts, self.group, self.new_tokens, self.lr = size, side, prompts, group, new_tokens, lr
         self.folder = build_model(os.path.join(root, f"qwen2_5_vl-{size}-{side}"), size, side)
@@ -112,7 +112,7 @@ def mmrl_contender(w: Workload, tag: str = "mmrl"):
         f"output_dir={out}", "max_steps=100000", f"policy.model={w.folder}", "policy.lora.rank=0",
         "policy.min_pixels=784", f"policy.max_pixels={w.pixels}", "policy.max_prompt_tokens=4096",
         f"policy.max_new_tokens={w.new_tokens}", "policy.logprob_chunk=128",
-        "policy.dtype=fp32", "data.train=vlm.synthetic:counting",
+        "policy.dtype=fp32", "data.train=shapes_world.standins:counting",
         f"data.train_kwargs={{n: 64, seed: 0, width: {w.side}, height: {w.side}}}", "data.eval=null",
         f"rewards=[{{name: '{os.path.join(HERE, 'vlm_floor.py')}:text_length_reward'}}]",
         f"train.prompts_per_step={w.prompts}", f"train.group_size={w.group}", "train.update_epochs=1",
@@ -221,7 +221,7 @@ def profile_mmrl(step, steps: int = 3, top: int = 25) -> str:
               ("vlm/features.py", "encode"), ("vlm/generation.py", "sample"), ("vlm/policy.py", "_score"),
               ("mmrl/update.py", "update"), ("vlm/policy.py", "log_probs"), ("vlm/logprobs.py", "_score_layout"),
               ("vlm/logprobs.py", "token_scores"), ("vlm/batch.py", "collate"), ("torch/_tensor.py", "backward"),
-              ("mmrl/update.py", "_optimizer_step"), ("rewards/scorer.py", "score"), ("vlm/setup.py", "prepare_rows")]
+              ("mmrl/update.py", "_optimizer_step"), ("rewards/scorer.py", "score"), ("vlm/rows.py", "prepare_rows")]
     rows = []
     for (file, line, fn), (cc, nc, tt, ct, callers) in stats.stats.items():
         for wf, wfn in wanted:
@@ -246,24 +246,20 @@ def parse_cases(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=10, help="timed steps per contender (after warm-up)")
+def vlm_options(ap: argparse.ArgumentParser) -> None:
+    """The workload options of both VLM benchmarks (this one and vlm_vs_trl.py)."""
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--cases", default="S:56,M:56,S:448", help="size:image_side, comma separated (sizes: S, M)")
+    ap.add_argument("--cases", default="S:56,M:56,S:448",
+                    help=f"size:image_side, comma separated (sizes: {', '.join(SIZES)})")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step")
     ap.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--profile", action="store_true", help="also print a cProfile summary of mmrl's step")
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    import logging
-    import warnings
 
-    logging.disable(logging.WARNING)
-    warnings.filterwarnings("ignore")
-    rows, ratios = [], []
+
+def measure(args) -> Report:
+    rows = []
     with tempfile.TemporaryDirectory(prefix="vlm-floor-") as root:
         for size, side in parse_cases(args.cases):
             w = Workload(size, side, args.prompts, args.group, args.new_tokens, args.lr, root)
@@ -274,16 +270,14 @@ def main() -> None:
             rows.append([w.label(), n_img, args.prompts, args.group, args.new_tokens,
                          sum(mm.state["tokens"]) / len(mm.state["tokens"]),
                          sum(fl.state["tokens"]) / len(fl.state["tokens"]), m, f, m / f])
-            ratios.append(m / f)
             if args.profile:
                 print(f"\n[{w.label()}]\n" + profile_mmrl(mm), flush=True)
-    print(table(f"VLM step vs naive floor ({machine()}; median of {args.repeats} interleaved steps after "
-                f"{args.warmup} warm-up)",
-                ["case", "img tok/prompt", "P", "G", "max new", "mmrl tok/sample", "floor tok/sample",
-                 "mmrl s/step", "floor s/step", "mmrl/floor"], rows))
-    print(f"headline: mmrl / floor = {ratios[-1]:.3f} at {rows[-1][0]} (goal <= 1.0); all cases: "
-          + ", ".join(f"{r[0]} {r[-1]:.3f}" for r in rows))
+    title = (f"VLM step vs naive floor ({machine()}; median of {args.repeats} interleaved steps after "
+             f"{args.warmup} warm-up)")
+    header = ["case", "img tok/prompt", "P", "G", "max new", "mmrl tok/sample", "floor tok/sample",
+              "mmrl s/step", "floor s/step", "mmrl/floor"]
+    return Report([table(title, header, rows)], cases_headline("mmrl / floor", rows, "goal <= 1.0"))
 
 
 if __name__ == "__main__":
-    main()
+    run(__doc__, vlm_options, measure, quiet=True)

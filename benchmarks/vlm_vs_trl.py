@@ -1,7 +1,7 @@
 """Seconds per optimizer step: mmrl's VLM GRPO step against TRL's `GRPOTrainer` on the same work.
 
 Same tiny Qwen2.5-VL (built in code from vlm/tiny.py's tokenizer and processor, saved to a temp
-folder), same synthetic counting prompts with images (vlm.synthetic), same prompts per step P,
+folder), same synthetic counting prompts with images (shapes_world.standins), same prompts per step P,
 group size G, max new tokens, learning rate, beta=0 (no reference model), fp32, CPU, full
 fine-tuning of the language model with the vision tower frozen, HF `generate` on both sides,
 one optimizer step per generation batch (TRL: per_device_train_batch_size=P*G,
@@ -30,9 +30,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import machine, median, table  # noqa: E402
-from vlm_floor import (SIZES, Workload, floor_contender, mmrl_contender, parse_cases,  # noqa: E402
-                       profile_mmrl)
+from common import Report, cases_headline, machine, median, run, table  # noqa: E402
+from vlm_floor import (Workload, floor_contender, mmrl_contender, parse_cases, profile_mmrl,  # noqa: E402
+                       vlm_options)
 
 
 def trl_reward(completions, **_):
@@ -92,29 +92,16 @@ def make_callback(others: dict):
     return Interleave()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=10, help="timed steps per contender (after warm-up)")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--cases", default="S:56,M:56,S:448", help=f"size:image_side, comma separated (sizes: {', '.join(SIZES)})")
-    ap.add_argument("--prompts", type=int, default=2, help="prompts per step")
-    ap.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-5)
+def vs_trl_options(ap: argparse.ArgumentParser) -> None:
+    vlm_options(ap)
     ap.add_argument("--floor", action="store_true", help="also time the naive floor (benchmarks/vlm_floor.py)")
-    ap.add_argument("--profile", action="store_true", help="also print a cProfile summary of mmrl's step")
-    args = ap.parse_args()
-    import logging
-    import warnings
 
+
+def measure(args) -> Report:
     import transformers
     import trl
 
-    logging.disable(logging.WARNING)
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    rows, ratios = [], []
+    rows = []
     with tempfile.TemporaryDirectory(prefix="vlm-vs-trl-") as root:
         for size, side in parse_cases(args.cases):
             w = Workload(size, side, args.prompts, args.group, args.new_tokens, args.lr, root)
@@ -131,18 +118,16 @@ def main() -> None:
                 row += [t["floor"], t["trl"] / t["floor"], t["mmrl"] / t["floor"]]
             row.append(t["trl"] / t["mmrl"])
             rows.append(row)
-            ratios.append(t["trl"] / t["mmrl"])
             if args.profile:
                 print(f"\n[{size} {side}px]\n" + profile_mmrl(others["mmrl"]), flush=True)
     header = ["case", "img tok/prompt", "P", "G", "max new", "TRL s/step", "mmrl s/step"]
     if args.floor:
         header += ["floor s/step", "TRL/floor", "mmrl/floor"]
     header.append("TRL/mmrl")
-    print(table(f"VLM GRPO step, TRL {trl.__version__} vs mmrl (transformers {transformers.__version__}; "
-                f"{machine()}; median of {args.repeats} interleaved steps after {args.warmup} warm-up)", header, rows))
-    print(f"headline: TRL / mmrl = {ratios[-1]:.3f} at {rows[-1][0]} (goal >= 1.5); all cases: "
-          + ", ".join(f"{r[0]} {r[-1]:.3f}" for r in rows))
+    title = (f"VLM GRPO step, TRL {trl.__version__} vs mmrl (transformers {transformers.__version__}; "
+             f"{machine()}; median of {args.repeats} interleaved steps after {args.warmup} warm-up)")
+    return Report([table(title, header, rows)], cases_headline("TRL / mmrl", rows, "goal >= 1.5"))
 
 
 if __name__ == "__main__":
-    main()
+    run(__doc__, vs_trl_options, measure, quiet=True)

@@ -1,5 +1,6 @@
-"""VLM dataset sources: read JSONL / JSON / Parquet / Hugging Face datasets, convert rows to the
-mmrl schema (`vlm.converters`), validate them, and resolve image paths.
+"""VLM dataset sources: read JSONL / JSON / Parquet files (the core's `mmrl.data.read_table`) or
+Hugging Face datasets, convert rows to the mmrl schema (`vlm.converters`), validate them, and
+resolve image paths.
 
 Use it from a config as a `module:function` source:
 
@@ -20,12 +21,12 @@ instead, logs how many and why, and keeps going.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
 
 from mmrl.config import ConfigError
+from mmrl.data import FILE_SUFFIXES, TableError, read_table
 from vlm.converters import IMAGE_MARK, RowError, converter, detect
 from vlm.images import ImageError, check_image
 
@@ -52,20 +53,6 @@ def where(row: dict) -> str:
     if src is None:
         return "a dataset record" if i is None else f"dataset record {i}"
     return f"{src}, row {i}"
-
-
-def _read_jsonl(path: str) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, row {len(rows)} (line {line_no}): not valid JSON ({e.msg})") from None
-            rows.append(row)
-    return rows
 
 
 def _read_hf(path: str, split: str) -> list[dict]:
@@ -102,19 +89,14 @@ def read_rows(path: str, split: str = "train") -> list:
         return _read_hf(path, split)
     if not os.path.isfile(path):
         raise DataError(f"dataset file {path!r} does not exist")
-    if path.endswith(".jsonl"):
-        return _read_jsonl(path)
-    if path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            rows = json.load(f)
-        if not isinstance(rows, list):
-            raise DataError(f"{path}: a .json dataset must hold a list of records")
-        return rows
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    raise DataError(f"{path!r}: unsupported dataset file (use .jsonl, .json, .parquet or a datasets folder)")
+    if not path.endswith(FILE_SUFFIXES):
+        raise DataError(f"{path!r}: unsupported dataset file (use .jsonl, .json, .parquet or a datasets folder)")
+    try:
+        return read_table(path, mappings=False)  # a row that is not a mapping is a bad row (skippable)
+    except TableError as e:
+        if e.line is not None and e.row is not None:  # a JSONL line: say its row, as the row checks do
+            raise DataError(f"{e.path}, row {e.row} (line {e.line}): {e.reason}") from None
+        raise DataError(str(e)) from None
 
 
 def _resolve(ref, root: str | None):

@@ -77,28 +77,47 @@ def build_messages(prompt: str, n_images: int, system: str | None) -> list[dict]
     return messages + [{"role": "user", "content": content}]
 
 
-@dataclass
-class PromptBuilder:
-    """Turns records into `PromptInputs` (picklable: runs in DataLoader workers)."""
+@dataclass(frozen=True)
+class PromptOptions:
+    """The `policy:` keys that shape a prompt (see `vlm.policy.Config`)."""
 
-    processor: object
-    resize: ResizePolicy
-    encoder_keys: frozenset          # parameters of the model's get_image_features
-    forward_keys: frozenset          # parameters of the model's forward
-    protected_ids: frozenset         # token ids truncation never removes
     system_prompt: str | None = None
     format_prompt: str = "r1"
     max_prompt_tokens: int = 2048
     truncation: str = "error"
     image_root: str | None = None
     require_answer: bool = True
+
+    @classmethod
+    def from_config(cls, cfg) -> "PromptOptions":
+        return cls(cfg.system_prompt, cfg.format_prompt, cfg.max_prompt_tokens, cfg.truncation, cfg.image_root,
+                   cfg.require_answer)
+
+
+@dataclass(frozen=True)
+class InputKeys:
+    """Which processor outputs each part of the model takes (parameter names of its methods)."""
+
+    encoder: frozenset               # parameters of the model's get_image_features
+    forward: frozenset               # parameters of the model's forward
+
+
+@dataclass
+class PromptBuilder:
+    """Turns records into `PromptInputs` (picklable: runs in DataLoader workers)."""
+
+    processor: object
+    resize: ResizePolicy
+    keys: InputKeys
+    protected_ids: frozenset         # token ids truncation never removes
+    options: PromptOptions = field(default_factory=PromptOptions)
     image_kwargs: dict = field(default_factory=dict)   # processor call kwargs (Qwen-VL pixel bounds)
 
     def record(self, row: dict) -> dict:
         """A PromptBatch row in the schema (idempotent: schema rows come back unchanged)."""
         try:
             rec = converter(detect(row))(row)
-            check_record(rec, self.require_answer, images=False)
+            check_record(rec, self.options.require_answer, images=False)
         except RowError as e:
             raise ConfigError(f"{where(row)}: {e}") from None
         return rec
@@ -106,11 +125,11 @@ class PromptBuilder:
     def __call__(self, row: dict) -> PromptInputs:
         rec = self.record(row)
         try:
-            images, resize = load_images(rec["images"], self.image_root, self.resize)
+            images, resize = load_images(rec["images"], self.options.image_root, self.resize)
         except ImageError as e:
             raise ConfigError(f"{where(rec)}: {e}") from None
-        system = rec.get("system") or self.system_prompt
-        messages = build_messages(format_text(rec["prompt"], self.format_prompt), len(images), system)
+        system = rec.get("system") or self.options.system_prompt
+        messages = build_messages(format_text(rec["prompt"], self.options.format_prompt), len(images), system)
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         kwargs = self.image_kwargs if images else {}
         enc = self.processor(text=[text], images=images or None, return_tensors="pt", **kwargs)
@@ -122,9 +141,9 @@ class PromptBuilder:
         for key, value in enc.items():
             if key in ("input_ids", "attention_mask") or not isinstance(value, torch.Tensor):
                 continue
-            if key in self.encoder_keys:
+            if key in self.keys.encoder:
                 encoder[key] = value
-            if key in self.forward_keys and not key.startswith("pixel_"):
+            if key in self.keys.forward and not key.startswith("pixel_"):
                 if value.dim() >= 2 and value.shape[:2] == enc["input_ids"].shape:
                     token[key] = value[0]                                           # [L]
                 else:
@@ -140,18 +159,19 @@ class PromptBuilder:
 
     def _keep_mask(self, ids: torch.Tensor, rec: dict) -> torch.Tensor:
         """Which prompt tokens survive truncation to `max_prompt_tokens`."""
+        limit, cut_left = self.options.max_prompt_tokens, self.options.truncation == "left"
         keep = torch.ones_like(ids, dtype=torch.bool)
-        excess = ids.numel() - self.max_prompt_tokens
+        excess = ids.numel() - limit
         if excess <= 0:
             return keep
         protected = torch.tensor([int(t) in self.protected_ids for t in ids.tolist()])
-        if self.truncation != "left" or int((~protected).sum()) < excess:
+        if not cut_left or int((~protected).sum()) < excess:
             need = int(protected.sum())
             raise ConfigError(
                 f"{where(rec)}: the prompt has {ids.numel()} tokens (> policy.max_prompt_tokens="
-                f"{self.max_prompt_tokens}; {need} are image placeholders or special tokens that are never cut). "
-                + ("Set policy.truncation=left to drop the earliest text tokens, or " if self.truncation != "left"
-                   else "") + "raise policy.max_prompt_tokens or lower policy.max_pixels.")
+                f"{limit}; {need} are image placeholders or special tokens that are never cut). "
+                + ("Set policy.truncation=left to drop the earliest text tokens, or " if not cut_left else "")
+                + "raise policy.max_prompt_tokens or lower policy.max_pixels.")
         drop = torch.nonzero(~protected).squeeze(1)[:excess]
         keep[drop] = False
         return keep

@@ -1,5 +1,5 @@
-"""Build the parts of a VLM policy from its config: processor, model, prompt builder, scorer,
-generation backend, KL reference; and the DataLoader that prepares a rollout's prompts."""
+"""Build the parts of a VLM policy from its config: the loaded model, its special tokens, the prompt
+builder, the scorer, the generation backend and the KL reference."""
 
 from __future__ import annotations
 
@@ -7,33 +7,52 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
-from mmrl.config import ConfigError
 from vlm.features import base_model
 from vlm.generation import HFBackend, blocked_token_ids, stop_token_ids
 from vlm.images import ResizePolicy
 from vlm.logprobs import TokenScorer
 from vlm.model import load_model, load_processor, setup_training, weight_dtype
-from vlm.prompts import PromptBuilder
-from vlm.data import ROW_KEY, SOURCE_KEY
+from vlm.prompts import InputKeys, PromptBuilder, PromptOptions
 
 
-@dataclass
-class Parts:
+@dataclass(frozen=True)
+class Model:
+    """The loaded model and its processor."""
+
     hf: object                    # the transformers model (LoRA layers injected in place)
     peft: object                  # the PeftModel wrapper, or None for full fine-tuning
     processor: object
     tokenizer: object
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The special token ids generation, batching and scoring agree on."""
+
+    image_token_id: int | None    # the image placeholder, None for a model without one
+    pad_id: int
+    stop_ids: list                # generation ends at any of these
+    blocked: list                 # never sampled (special tokens other than stops and policy.allowed_special_tokens)
+
+
+@dataclass(frozen=True)
+class KLReference:
+    """Where the KL reference log-probs come from (`policy.reference`, `auto` resolved)."""
+
+    mode: str                     # adapter (the LoRA base) | reload | none
+    load: Callable                # () -> a frozen TokenScorer on the pretrained weights (reload mode)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Everything `vlm.policy.VLMPolicy` runs on."""
+
+    model: Model
+    tokens: Tokens
     builder: PromptBuilder
     scorer: TokenScorer
     backend: object               # HFBackend | vlm.vllm_backend.VLLMBackend
-    image_token_id: int | None
-    pad_id: int
-    stop_ids: list
-    blocked: list
-    reference_mode: str           # adapter | reload | none
-    reference_scorer: Callable    # () -> a frozen TokenScorer on the pretrained weights (reload mode)
+    reference: KLReference
 
 
 def validate(cfg) -> None:
@@ -59,7 +78,7 @@ def validate(cfg) -> None:
         (cfg.old_log_probs in ("deferred", "rollout"), "policy.old_log_probs",
          f"must be deferred or rollout, got {cfg.old_log_probs!r}"),
         (cfg.logprob_chunk >= 1, "policy.logprob_chunk", "must be >= 1"),
-        (cfg.generate_rows_per_call >= 0, "policy.generate_rows_per_call", "must be >= 0 (0 = all rows)"),
+        (cfg.generate_rows_per_call >= 0, "policy.generate_rows_per_call", "must be >= 0 (0 = one prompt's G rows)"),
         (cfg.lora.rank >= 0, "policy.lora.rank", "must be >= 0 (0 = full fine-tuning)"),
     ]
     for ok, key, message in checks:
@@ -88,6 +107,33 @@ def _pad_id(hf, tokenizer, stop_ids: list) -> int:
     return stop_ids[0]
 
 
+def _tokens(hf, tokenizer, cfg) -> Tokens:
+    stop_ids = stop_token_ids(hf, tokenizer)
+    blocked = blocked_token_ids(hf, tokenizer, stop_ids, list(cfg.allowed_special_tokens))
+    return Tokens(getattr(hf.config, "image_token_id", None), _pad_id(hf, tokenizer, stop_ids), stop_ids, blocked)
+
+
+def _input_keys(hf) -> InputKeys:
+    base = base_model(hf)
+    return InputKeys(frozenset(inspect.signature(base.get_image_features).parameters),
+                     frozenset(inspect.signature(base.forward).parameters))
+
+
+def _scorer(hf, tokens: Tokens, cfg) -> TokenScorer:
+    return TokenScorer(hf, tokens.blocked, cfg.temperature, cfg.logprob_chunk, tokens.pad_id, tokens.image_token_id,
+                       not cfg.freeze_vision)
+
+
+def _backend(cfg, ctx, model: Model, tokens: Tokens, image_kwargs: dict):
+    if cfg.backend == "vllm":
+        from vlm.vllm_backend import VLLMBackend
+
+        return VLLMBackend(cfg, model.hf, model.processor, tokens.blocked, tokens.stop_ids, ctx, image_kwargs,
+                           tokens.image_token_id)
+    return HFBackend(model.hf, model.tokenizer, tokens.pad_id, tokens.image_token_id, tokens.blocked,
+                     tokens.stop_ids, cfg.generate_rows_per_call)
+
+
 def build_parts(cfg, ctx) -> Parts:
     validate(cfg)
     processor = load_processor(cfg)
@@ -95,68 +141,17 @@ def build_parts(cfg, ctx) -> Parts:
     lora = cfg.lora.rank > 0
     dtype = weight_dtype(cfg.dtype, ctx.precision, ctx.device, lora)
     hf = load_model(cfg, ctx.device, dtype)
-    peft_model = setup_training(hf, cfg)
-    stop_ids = stop_token_ids(hf, tokenizer)
-    blocked = blocked_token_ids(hf, tokenizer, stop_ids, list(cfg.allowed_special_tokens))
-    pad_id = _pad_id(hf, tokenizer, stop_ids)
-    image_token_id = getattr(hf.config, "image_token_id", None)
-    base = base_model(hf)
+    model = Model(hf, setup_training(hf, cfg), processor, tokenizer)
+    tokens = _tokens(hf, tokenizer, cfg)
     resize, image_kwargs = _resize_policy(cfg, processor)
-    builder = PromptBuilder(
-        processor, resize, frozenset(inspect.signature(base.get_image_features).parameters),
-        frozenset(inspect.signature(base.forward).parameters), frozenset(blocked) | frozenset(stop_ids),
-        cfg.system_prompt, cfg.format_prompt, cfg.max_prompt_tokens, cfg.truncation, cfg.image_root,
-        cfg.require_answer, image_kwargs)
-    fresh = not cfg.freeze_vision
-    scorer = TokenScorer(hf, blocked, cfg.temperature, cfg.logprob_chunk, pad_id, image_token_id, fresh)
-    if cfg.backend == "vllm":
-        from vlm.vllm_backend import VLLMBackend
+    protected = frozenset(tokens.blocked) | frozenset(tokens.stop_ids)
+    builder = PromptBuilder(processor, resize, _input_keys(hf), protected, PromptOptions.from_config(cfg),
+                            image_kwargs)
+    scorer = _scorer(hf, tokens, cfg)
+    backend = _backend(cfg, ctx, model, tokens, image_kwargs)
 
-        backend = VLLMBackend(cfg, hf, processor, blocked, stop_ids, ctx, image_kwargs, image_token_id)
-    else:
-        backend = HFBackend(hf, tokenizer, pad_id, image_token_id, blocked, stop_ids, cfg.generate_rows_per_call)
+    def reload() -> TokenScorer:
+        return _scorer(load_model(cfg, ctx.device, dtype).requires_grad_(False).eval(), tokens, cfg)
+
     mode = {"auto": "adapter" if lora else "reload"}.get(cfg.reference, cfg.reference)
-
-    def reference_scorer() -> TokenScorer:
-        ref = load_model(cfg, ctx.device, dtype).requires_grad_(False).eval()
-        return TokenScorer(ref, blocked, cfg.temperature, cfg.logprob_chunk, pad_id, image_token_id, fresh)
-
-    return Parts(hf, peft_model, processor, tokenizer, builder, scorer, backend, image_token_id, pad_id,
-                 stop_ids, blocked, mode, reference_scorer)
-
-
-class _Rows(torch.utils.data.Dataset):
-    """A rollout's rows; items are `PromptInputs`, or the error a bad row raised (re-raised by the caller)."""
-
-    def __init__(self, rows: list, builder: PromptBuilder):
-        self.rows, self.builder = rows, builder
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int):
-        try:
-            return self.builder(self.rows[i])
-        except ConfigError as e:
-            return e
-
-
-def _identity(item):
-    return item
-
-
-def prepare_rows(prompts, builder: PromptBuilder, workers: int) -> list:
-    """`PromptInputs` for every row of a PromptBatch (provenance tagged for error messages)."""
-    source = "data.eval" if prompts.step < 0 else "data.train"
-    rows = [{SOURCE_KEY: source, ROW_KEY: i, **row} for row, i in zip(prompts.rows, prompts.index)]
-    dataset = _Rows(rows, builder)
-    if workers > 0 and len(rows) > 1:
-        loader = torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False,
-                                             num_workers=min(workers, len(rows)), collate_fn=_identity)
-        items = list(loader)
-    else:
-        items = [dataset[i] for i in range(len(dataset))]
-    for item in items:
-        if isinstance(item, Exception):
-            raise item
-    return items
+    return Parts(model, tokens, builder, scorer, backend, KLReference(mode, reload))

@@ -8,7 +8,8 @@
     model_rows / forward                 the denoiser call that `common.predict` chunks and guides
     decode(latents) -> [PIL.Image]       VAE decoding as the pipeline does it
 
-The family of a checkpoint is read from its model_index.json (`_class_name`).
+The state, `noise` and `decode` the families share live in `common.PipelineFamily`. The family of
+a checkpoint is read from its model_index.json (`_class_name`); `policy.family` names one directly.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-FAMILIES = {"sd3": "diffusion.families.sd3:SD3Family", "sd": "diffusion.families.sd:SDFamily",
-            "flux": "diffusion.families.flux:FluxFamily"}
+from mmrl.registry import Registry
+
+# policy.family -> the family class, imported on first use (each module imports only its diffusers pipeline)
+FAMILIES: Registry = Registry("model family")
+FAMILIES.update({"sd3": "diffusion.families.sd3:SD3Family", "sd": "diffusion.families.sd:SDFamily",
+                 "flux": "diffusion.families.flux:FluxFamily"})
 PIPELINES = {"StableDiffusion3Pipeline": "sd3", "StableDiffusionPipeline": "sd", "FluxPipeline": "flux"}
 
 
@@ -34,14 +39,6 @@ class FamilyOptions:
     prediction_type: Optional[str] = None
     revision: Optional[str] = None
     variant: Optional[str] = None
-
-
-def _import(ref: str):
-    import importlib
-
-    module, _, attr = ref.partition(":")
-    mod = importlib.import_module(module)
-    return getattr(mod, attr) if attr else mod
 
 
 def detect(model: str, revision: str | None = None) -> str:
@@ -64,19 +61,22 @@ def detect(model: str, revision: str | None = None) -> str:
                              f"{str(e).splitlines()[0]}") from None
     if name not in PIPELINES:
         raise ValueError(f"config key 'policy.model': pipeline {name!r} of {model!r} is not supported; "
-                         f"supported: {', '.join(PIPELINES)} (or set policy.family to one of {', '.join(FAMILIES)})")
+                         f"supported: {', '.join(PIPELINES)} (or set policy.family to one of {FAMILIES.valid()})")
     return PIPELINES[name]
 
 
 def family_class(name: str):
+    """The family class of a `policy.family` value other than auto."""
     if name not in FAMILIES:
-        raise ValueError(f"config key 'policy.family' must be auto or one of {', '.join(FAMILIES)}; got {name!r}")
-    return _import(FAMILIES[name])
+        raise ValueError(f"config key 'policy.family' must be auto or one of {FAMILIES.valid()}; got {name!r}")
+    return FAMILIES.resolve(name, "policy.family")
 
 
 def lora_targets(name: str) -> list[str]:
     """The family's default LoRA target modules (the LORA_TARGETS of its module)."""
-    return list(_import(FAMILIES[name].partition(":")[0]).LORA_TARGETS)
+    import sys
+
+    return list(sys.modules[family_class(name).__module__].LORA_TARGETS)
 
 
 def load(name: str, model: str, opts: FamilyOptions):

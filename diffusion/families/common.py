@@ -1,5 +1,6 @@
 """What every model family shares: the schedule as plain tensors, prompt conditioning, the one
-`predict` (classifier-free guidance included) and the SDE step.
+`predict` (classifier-free guidance included), the SDE step, and `PipelineFamily` (the state,
+initial noise and VAE decoding the three families have in common).
 
 `predict` feeds the denoiser in chunks of exactly `forward_batch` rows (the last chunk padded with
 copies of its first row). A row's output then depends only on that row's input and the fixed chunk
@@ -108,3 +109,59 @@ def flow_schedule(scheduler, num_steps: int, rule: str, device, **set_kwargs) ->
 def to_pil(pipe, images: Tensor) -> list:
     """Decoded images [B, 3, H, W] in [-1, 1] -> PIL images (the pipeline's image processor)."""
     return pipe.image_processor.postprocess(images.float(), output_type="pil")
+
+
+class PipelineFamily:
+    """The part of a family that is the same for sd3, sd and flux: the wrapped pipeline, image size,
+    initial noise and VAE decoding. A family module subclasses it within this package and writes
+    `load`, `encode`, `schedule`, `model_rows` and `forward`; a family with packed latents (flux)
+    overrides `latent_grid`, `pack` and `unpack`.
+
+    Class attributes a family sets: name, lora_prefix, uses_cfg, and `vae_shift` (whether decoding
+    adds the VAE's shift_factor after dividing by its scaling_factor, as the family's pipeline does).
+    """
+
+    name: str
+    lora_prefix: str
+    uses_cfg: bool
+    vae_shift: bool = True
+    uncond = None
+
+    def __init__(self, pipe, opts, denoiser, sample_size: int):
+        """`sample_size`: the denoiser's default latent side; the default image side is that times
+        the VAE's scale factor (as the pipelines compute it)."""
+        self.pipe, self.opts = pipe, opts
+        self.denoiser = denoiser
+        self.device = opts.device
+        default = sample_size * pipe.vae_scale_factor
+        self.height, self.width = opts.height or default, opts.width or default
+        if self.uses_cfg:  # the encoded negative prompt, computed once
+            self.uncond = self.encode([opts.negative_prompt])[0]
+
+    def latent_grid(self) -> tuple[int, int, int]:
+        """(channels, height, width) of one initial latent before packing."""
+        f = self.pipe.vae_scale_factor
+        return self.denoiser.config.in_channels, self.height // f, self.width // f
+
+    def pack(self, z: Tensor) -> Tensor:
+        """[n, C, h, w] latents -> the layout the denoiser takes (the identity here)."""
+        return z
+
+    def unpack(self, latents: Tensor) -> Tensor:
+        """The denoiser's layout -> [n, C, h, w] latents for the VAE (the identity here)."""
+        return latents
+
+    def noise(self, n: int, generator: torch.Generator) -> Tensor:
+        """Initial latents of n samples, fp32 N(0, 1) (the schedulers' init_noise_sigma is 1)."""
+        c, h, w = self.latent_grid()
+        z = torch.randn((n, c, h, w), generator=generator, device=self.device, dtype=torch.float32)  # [n, C, h, w]
+        return self.pack(z)
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> list:
+        """Latents in the denoiser's layout -> PIL images, through the VAE as the pipeline does it."""
+        vae = self.pipe.vae
+        z = self.unpack(latents) / vae.config.scaling_factor                  # [B, C, h, w]
+        if self.vae_shift:
+            z = z + vae.config.shift_factor
+        return to_pil(self.pipe, vae.decode(z.to(vae.dtype), return_dict=False)[0])

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from diffusion.families.common import Cond, Schedule, flow_schedule, stack, to_pil, weight_dtype
+from diffusion.families.common import Cond, PipelineFamily, Schedule, flow_schedule, stack, weight_dtype
 
 # diffusers' train_dreambooth_lora_flux default targets (double-stream attention and MLPs)
 LORA_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
@@ -21,19 +21,14 @@ LORA_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.ad
                 "ff_context.net.2"]
 
 
-class FluxFamily:
+class FluxFamily(PipelineFamily):
     name = "flux"
     lora_prefix = "transformer"   # key prefix of diffusers' FluxLoraLoaderMixin
     uses_cfg = False
-    uncond = None
 
     def __init__(self, pipe, opts):
-        self.pipe, self.opts = pipe, opts
-        self.denoiser = pipe.transformer
-        self.device = opts.device
+        super().__init__(pipe, opts, pipe.transformer, pipe.default_sample_size)
         f = pipe.vae_scale_factor
-        self.height = opts.height or pipe.default_sample_size * f
-        self.width = opts.width or pipe.default_sample_size * f
         # latent grid: the VAE compresses by f and packing needs even sizes (FluxPipeline.prepare_latents)
         self.h, self.w = 2 * (self.height // (f * 2)), 2 * (self.width // (f * 2))
         self.img_ids = pipe._prepare_latent_image_ids(1, self.h // 2, self.w // 2, self.device, torch.float32)
@@ -64,10 +59,15 @@ class FluxFamily:
         sched = flow_schedule(self.pipe.scheduler, None, rule, self.device, **kwargs)
         return dataclasses.replace(sched, model_t=sched.model_t / 1000)      # the pipeline passes t / 1000
 
-    def noise(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        c = self.denoiser.config.in_channels // 4
-        z = torch.randn((n, c, self.h, self.w), generator=generator, device=self.device, dtype=torch.float32)
-        return self.pipe._pack_latents(z, n, c, self.h, self.w)              # [n, (h/2)(w/2), 4C]
+    def latent_grid(self) -> tuple[int, int, int]:
+        return self.denoiser.config.in_channels // 4, self.h, self.w
+
+    def pack(self, z: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = z.shape
+        return self.pipe._pack_latents(z, n, c, h, w)                        # [n, (h/2)(w/2), 4C]
+
+    def unpack(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.pipe._unpack_latents(latents, self.height, self.width, self.pipe.vae_scale_factor)  # [B, C, h, w]
 
     def model_rows(self, x, index, conds, sched: Schedule, guidance: float) -> dict:
         rows = {"hidden_states": x, "timestep": sched.model_t[index],
@@ -83,10 +83,3 @@ class FluxFamily:
                      guidance=rows.get("guidance"), pooled_projections=rows["pooled_projections"].to(dtype),
                      encoder_hidden_states=rows["encoder_hidden_states"].to(dtype), txt_ids=txt_ids.to(dtype),
                      img_ids=self.img_ids.to(dtype), return_dict=False)[0]
-
-    @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> list:
-        vae = self.pipe.vae
-        z = self.pipe._unpack_latents(latents, self.height, self.width, self.pipe.vae_scale_factor)  # [B, C, h, w]
-        z = z / vae.config.scaling_factor + vae.config.shift_factor
-        return to_pil(self.pipe, vae.decode(z.to(vae.dtype), return_dict=False)[0])

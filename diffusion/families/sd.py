@@ -11,31 +11,27 @@ from __future__ import annotations
 
 import torch
 
-from diffusion.families.common import Cond, Schedule, stack, to_pil, weight_dtype
+from diffusion.families.common import Cond, PipelineFamily, Schedule, stack, weight_dtype
 
 LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]  # ddpo-pytorch / diffusers train_text_to_image_lora
 PREDICTION_TYPES = ("epsilon", "v_prediction")
 
 
-class SDFamily:
+class SDFamily(PipelineFamily):
     name = "sd"
     lora_prefix = "unet"   # key prefix of diffusers' StableDiffusionLoraLoaderMixin
     uses_cfg = True
+    vae_shift = False     # StableDiffusionPipeline decodes latents / scaling_factor
 
     def __init__(self, pipe, opts):
         from diffusers import DDIMScheduler
 
-        self.pipe, self.opts = pipe, opts
-        self.denoiser = pipe.unet
-        self.device = opts.device
         self.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
         self.prediction_type = opts.prediction_type or self.scheduler.config.prediction_type
         if self.prediction_type not in PREDICTION_TYPES:
             raise ValueError(f"config key 'policy.prediction_type' must be one of {', '.join(PREDICTION_TYPES)} "
                              f"for SD models; the checkpoint says {self.prediction_type!r}")
-        default = self.denoiser.config.sample_size * pipe.vae_scale_factor
-        self.height, self.width = opts.height or default, opts.width or default
-        self.uncond = self.encode([opts.negative_prompt])[0]
+        super().__init__(pipe, opts, pipe.unet, pipe.unet.config.sample_size)
 
     @staticmethod
     def load(model: str, opts):
@@ -62,12 +58,6 @@ class SDFamily:
         dev = self.device
         return Schedule(self.prediction_type, t.to(dev), a_t.to(dev), a_p.float().to(dev))
 
-    def noise(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        c, f = self.denoiser.config.in_channels, self.pipe.vae_scale_factor
-        shape = (n, c, self.height // f, self.width // f)
-        # DDIM's init_noise_sigma is 1
-        return torch.randn(shape, generator=generator, device=self.device, dtype=torch.float32)  # [n, C, h, w]
-
     def model_rows(self, x, index, conds, sched: Schedule, guidance: float) -> dict:
         return {"sample": x, "timestep": sched.model_t[index], "encoder_hidden_states": stack(conds, "embeds")}
 
@@ -75,9 +65,3 @@ class SDFamily:
         dtype = weight_dtype(self.denoiser)
         return model(rows["sample"].to(dtype), rows["timestep"],
                      encoder_hidden_states=rows["encoder_hidden_states"].to(dtype), return_dict=False)[0]
-
-    @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> list:
-        vae = self.pipe.vae
-        z = latents / vae.config.scaling_factor                                # [B, C, h, w]
-        return to_pil(self.pipe, vae.decode(z.to(vae.dtype), return_dict=False)[0])

@@ -11,25 +11,20 @@ from __future__ import annotations
 
 import torch
 
-from diffusion.families.common import Cond, Schedule, flow_schedule, stack, to_pil, weight_dtype
+from diffusion.families.common import Cond, PipelineFamily, Schedule, flow_schedule, stack, weight_dtype
 
 # Flow-GRPO's SD3.5 LoRA targets (attention of both streams; diffusers' train_dreambooth_lora_sd3)
 LORA_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0",
                 "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out"]
 
 
-class SD3Family:
+class SD3Family(PipelineFamily):
     name = "sd3"
     lora_prefix = "transformer"   # key prefix of diffusers' SD3LoraLoaderMixin
     uses_cfg = True
 
     def __init__(self, pipe, opts):
-        self.pipe, self.opts = pipe, opts
-        self.denoiser = pipe.transformer
-        self.device = opts.device
-        self.height = opts.height or pipe.default_sample_size * pipe.vae_scale_factor
-        self.width = opts.width or pipe.default_sample_size * pipe.vae_scale_factor
-        self.uncond = self.encode([opts.negative_prompt])[0]
+        super().__init__(pipe, opts, pipe.transformer, pipe.default_sample_size)
 
     @staticmethod
     def load(model: str, opts):
@@ -50,11 +45,6 @@ class SD3Family:
     def schedule(self, num_steps: int, rule: str) -> Schedule:
         return flow_schedule(self.pipe.scheduler, num_steps, rule, self.device)
 
-    def noise(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        c, f = self.denoiser.config.in_channels, self.pipe.vae_scale_factor
-        shape = (n, c, self.height // f, self.width // f)
-        return torch.randn(shape, generator=generator, device=self.device, dtype=torch.float32)  # [n, C, h, w]
-
     def model_rows(self, x, index, conds, sched: Schedule, guidance: float) -> dict:
         return {"hidden_states": x, "timestep": sched.model_t[index],
                 "encoder_hidden_states": stack(conds, "embeds"), "pooled_projections": stack(conds, "pooled")}
@@ -64,9 +54,3 @@ class SD3Family:
         return model(hidden_states=rows["hidden_states"].to(dtype), timestep=rows["timestep"],
                      encoder_hidden_states=rows["encoder_hidden_states"].to(dtype),
                      pooled_projections=rows["pooled_projections"].to(dtype), return_dict=False)[0]
-
-    @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> list:
-        vae = self.pipe.vae
-        z = latents / vae.config.scaling_factor + vae.config.shift_factor     # [B, C, h, w]
-        return to_pil(self.pipe, vae.decode(z.to(vae.dtype), return_dict=False)[0])

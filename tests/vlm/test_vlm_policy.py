@@ -52,13 +52,8 @@ def test_every_first_epoch_microbatch_has_ratio_exactly_one(tmp_path):
         f"output_dir={tmp_path}", "max_steps=1", "eval.every=0", "checkpoint.every=0",
         "train.samples_per_microbatch=3", "train.update_epochs=1", "algo.filter=dynamic",
         "algo.max_resample_rounds=2", "policy.max_new_tokens=10",
-        "rewards=[{name: 'test_vlm_policy.py:FirstGroupFlatOnce'}]"])
-    cwd = os.getcwd()
-    os.chdir(HERE)
-    try:
-        train(cfg)
-    finally:
-        os.chdir(cwd)
+        f"rewards=[{{name: '{os.path.join(HERE, 'test_vlm_policy.py')}:FirstGroupFlatOnce'}}]"])
+    train(cfg)
     row = _read_metrics(str(tmp_path))[0]
     assert row["filter/rounds"] == 2
     assert row["ratio/first_max_abs_dev"] == 0.0
@@ -68,7 +63,7 @@ def test_every_first_epoch_microbatch_has_ratio_exactly_one(tmp_path):
 def test_vision_tower_runs_once_per_prompt_per_step(make_policy, counting_rows):
     policy = make_policy("qwen2_5_vl", reference="adapter")
     calls = []
-    policy.p.hf.model.visual.register_forward_hook(lambda *a: calls.append(1))
+    policy.p.model.hf.model.visual.register_forward_hook(lambda *a: calls.append(1))
     ro = policy.rollout(_batch(counting_rows[:2]), group_size=3)
     assert len(calls) == 2                           # one per prompt, shared by its 3 samples and generation
     for _ in range(2):                               # two update epochs, two microbatches each
@@ -76,7 +71,7 @@ def test_vision_tower_runs_once_per_prompt_per_step(make_policy, counting_rows):
             policy.log_probs(ro, idx).log_probs.sum().backward()
     policy.reference_log_probs(ro, torch.arange(len(ro)))
     assert len(calls) == 2
-    assert all(p.grad is None for p in policy.p.hf.model.visual.parameters())
+    assert all(p.grad is None for p in policy.p.model.hf.model.visual.parameters())
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava"])
@@ -89,21 +84,21 @@ def test_scoring_forward_matches_generation_logits(make_policy, counting_rows, f
 
     policy = make_policy(family, max_new_tokens=8)
     items = policy._prompts(_batch(counting_rows[:2]))
-    p = policy.p
-    batch = collate(items, None, layout_for(items, None), p.pad_id, p.image_token_id, "cpu")
+    m, tk = policy.p.model, policy.p.tokens
+    batch = collate(items, None, layout_for(items, None), tk.pad_id, tk.image_token_id, "cpu")
     torch.manual_seed(0)
-    out = p.hf.generate(**batch, do_sample=True, max_new_tokens=8, top_k=0, output_logits=True,
-                        return_dict_in_generate=True, eos_token_id=p.stop_ids, pad_token_id=p.pad_id,
-                        logits_processor=[BlockTokens(p.blocked)])
+    out = m.hf.generate(**batch, do_sample=True, max_new_tokens=8, top_k=0, output_logits=True,
+                        return_dict_in_generate=True, eos_token_id=tk.stop_ids, pad_token_id=tk.pad_id,
+                        logits_processor=[BlockTokens(tk.blocked)])
     new = out.sequences[:, batch["input_ids"].shape[1]:]                                  # [B, t]
     comps = [new[r, :8] for r in range(len(items))]
-    comps = [c[:int((torch.isin(c, torch.tensor(p.stop_ids))).nonzero()[0]) + 1]
-             if torch.isin(c, torch.tensor(p.stop_ids)).any() else c for c in comps]
+    comps = [c[:int((torch.isin(c, torch.tensor(tk.stop_ids))).nonzero()[0]) + 1]
+             if torch.isin(c, torch.tensor(tk.stop_ids)).any() else c for c in comps]
     layout = layout_for(items, comps)
     with torch.no_grad():
         logp, _ = policy.scorer(items, comps, [layout] * len(items), layout.width - layout.prompt_width)
     bias = torch.zeros(out.logits[0].shape[-1])
-    bias[p.blocked] = BLOCK_BIAS
+    bias[tk.blocked] = BLOCK_BIAS
     with torch.no_grad():
         _, entropy = policy.scorer(items, comps, [layout] * len(items), layout.width - layout.prompt_width)
     for r, c in enumerate(comps):
@@ -119,15 +114,15 @@ def test_lora_reference_is_the_base_model(make_policy, counting_rows):
     policy = make_policy("qwen2_5_vl")
     ro = policy.rollout(_batch(counting_rows[:1]), group_size=2)
     idx = torch.arange(len(ro))
-    ref = policy.reference_log_probs(ro, idx)
+    ref = policy.reference_log_probs(ro, idx).log_probs
     assert torch.equal(ref, ro.log_probs)               # LoRA B starts at 0: policy == reference
     with torch.no_grad():
-        for n, prm in policy.p.hf.named_parameters():
+        for n, prm in policy.p.model.hf.named_parameters():
             if "lora_B" in n:
                 prm.add_(0.05)
     moved = policy.log_probs(ro, idx).log_probs.detach()
     assert not torch.allclose(moved, ro.log_probs)
-    assert torch.equal(policy.reference_log_probs(ro, idx), ref)
+    assert torch.equal(policy.reference_log_probs(ro, idx).log_probs, ref)
 
 
 def test_full_finetune_reference_reloads_pretrained_weights(make_policy, counting_rows):
@@ -135,8 +130,8 @@ def test_full_finetune_reference_reloads_pretrained_weights(make_policy, countin
     ro = policy.rollout(_batch(counting_rows[:1]), group_size=2)
     idx = torch.arange(len(ro))
     with torch.no_grad():
-        policy.p.hf.lm_head.weight.mul_(1.5)
-    ref = policy.reference_log_probs(ro, idx)
+        policy.p.model.hf.lm_head.weight.mul_(1.5)
+    ref = policy.reference_log_probs(ro, idx).log_probs
     torch.testing.assert_close(ref, ro.log_probs, atol=1e-5, rtol=0)
     assert not torch.allclose(policy.log_probs(ro, idx).log_probs.detach(), ro.log_probs)
 
@@ -148,7 +143,7 @@ def test_trainable_vision_reencodes_with_grad(make_policy, counting_rows):
     assert torch.equal(scores.log_probs.detach(), ro.log_probs)
     assert torch.isfinite(scores.entropy).all() and (scores.entropy > 0).all()
     (scores.log_probs * ro.mask).sum().backward()
-    grads = [p.grad for p in policy.p.hf.model.visual.parameters()]
+    grads = [p.grad for p in policy.p.model.hf.model.visual.parameters()]
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
 
 
@@ -156,14 +151,14 @@ def test_save_load_round_trip(make_policy, counting_rows, tmp_path):
     policy = make_policy("qwen2_5_vl")
     path = str(tmp_path / "policy.safetensors")
     with torch.no_grad():
-        for n, prm in policy.p.hf.named_parameters():
+        for n, prm in policy.p.model.hf.named_parameters():
             if prm.requires_grad:
                 prm.normal_()
-    saved = {n: prm.detach().clone() for n, prm in policy.p.hf.named_parameters() if prm.requires_grad}
+    saved = {n: prm.detach().clone() for n, prm in policy.p.model.hf.named_parameters() if prm.requires_grad}
     policy.save(path)
     other = make_policy("qwen2_5_vl")
     other.load(path)
-    now = {n: prm.detach() for n, prm in other.p.hf.named_parameters() if prm.requires_grad}
+    now = {n: prm.detach() for n, prm in other.p.model.hf.named_parameters() if prm.requires_grad}
     assert saved.keys() == now.keys() and all(torch.equal(saved[k], now[k]) for k in saved)
     full = make_policy("qwen2_5_vl", lora_rank=0)
     with pytest.raises(ValueError, match="do not match"):
@@ -181,8 +176,8 @@ def test_rollout_state_survives_select_and_concat(make_policy, counting_rows):
     assert [s.meta["num_tokens"] for s in both.samples] == both.mask.sum(1).int().tolist()
     for s, c in zip(both.samples, both.state["completion"]):      # the mask ends at (and includes) EOS
         assert 1 <= c.numel() <= 6
-        assert s.meta["finished"] == (int(c[-1]) in policy.p.stop_ids)
-        assert not torch.isin(c[:-1], torch.tensor(policy.p.stop_ids)).any()
+        assert s.meta["finished"] == (int(c[-1]) in policy.p.tokens.stop_ids)
+        assert not torch.isin(c[:-1], torch.tensor(policy.p.tokens.stop_ids)).any()
 
 
 def test_scores_do_not_depend_on_microbatch_neighbours(make_policy, counting_rows):

@@ -27,17 +27,17 @@ def test_chat_template_places_images(make_policy, family, image_text):
     policy = make_policy(family, system_prompt="You count things.")
     row = {"prompt": "<image> How many?", "images": [_png()], "answer": "1"}
     item = policy._prompts(PromptBatch(rows=[row], index=[0], seeds=[0], step=0))[0]
-    text = policy.p.tokenizer.decode(item.input_ids)
+    text = policy.p.model.tokenizer.decode(item.input_ids)
     assert "You count things." in text and image_text in text and R1_INSTRUCTION[:20] in text
     assert text.index("How many?") > text.index(image_text)
-    assert item.n_image_tokens == int((item.input_ids == policy.p.image_token_id).sum()) > 0
+    assert item.n_image_tokens == int((item.input_ids == policy.p.tokens.image_token_id).sum()) > 0
 
 
 def test_row_system_prompt_wins_and_text_only_rows_work(make_policy):
     policy = make_policy("qwen2_5_vl", system_prompt="global", format_prompt="none", max_new_tokens=2)
     rows = [{"prompt": "Say hi.", "answer": "hi", "system": "local"}]
     ro = policy.rollout(PromptBatch(rows=rows, index=[0], seeds=[0], step=0), group_size=2)
-    text = policy.p.tokenizer.decode(ro.state["prompt"][0].input_ids)
+    text = policy.p.model.tokenizer.decode(ro.state["prompt"][0].input_ids)
     assert "local" in text and "global" not in text and R1_INSTRUCTION[:20] not in text
     assert ro.samples[0].images == [] and ro.samples[0].meta["resize"] == []
 
