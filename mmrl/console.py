@@ -3,7 +3,7 @@
 On a terminal the progress is a tqdm bar whose postfix holds the latest training reward, the
 latest held-out reward (once measured) and seconds per step. Elsewhere (CI, a pipe, a log
 file) a bar would be an unreadable stream of carriage returns, so a plain line is printed
-every tenth of the run and at its last step instead. The full resolved config goes to
+at the first step, every tenth of the run and at its last step instead. The full resolved config goes to
 `config.yaml`, not to the terminal.
 """
 
@@ -41,7 +41,7 @@ class Progress:
 
     def __init__(self, total_steps: int, start_step: int, stream=None):
         self.stream = stream if stream is not None else sys.stderr
-        self.total, self.every = total_steps, max(1, total_steps // 10)
+        self.total, self.every, self.first = total_steps, max(1, total_steps // 10), start_step + 1
         self.reward = self.eval_reward = self.eval_step = None
         self.bar, self._seconds, self._t0 = None, [], time.perf_counter()
         if _is_terminal(self.stream):
@@ -69,7 +69,7 @@ class Progress:
         self.reward = row.get(REWARD_KEY)
         if row.get(SECONDS_KEY) is not None:
             self._seconds.append(row[SECONDS_KEY])
-        if self.bar is not None or step % self.every == 0 or step == self.total:
+        if self.bar is not None or step % self.every == 0 or step in (self.first, self.total):
             mean = sum(self._seconds) / len(self._seconds) if self._seconds else None
             self._show(step, mean, final=step == self.total)
             self._seconds = []

@@ -1,5 +1,6 @@
 import json
 import os
+import socket
 
 from mmrl.config import load_config
 from mmrl.trainer import fit, setup
@@ -25,3 +26,10 @@ def run_bandit(tmp_path, *overrides):
     run = setup(bandit_cfg(tmp_path, *overrides))
     fit(run)
     return run
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on, for a 2-process rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

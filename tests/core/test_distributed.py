@@ -1,24 +1,17 @@
 """Two CPU processes (gloo) launched through accelerate train the bandit like one process."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from helpers import read_metrics
+from helpers import free_port, read_metrics
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
 ARGS = ["max_steps=6", "train.prompts_per_step=4", "train.update_epochs=1", "eval.every=0",
         "optim.eps=1.0", "logging.progress=false"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -26,7 +19,7 @@ def test_two_processes_match_one_and_stay_in_sync(tmp_path):
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     two = subprocess.run(
         [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
          WORKER, str(tmp_path / "two.pt"), f"output_dir={tmp_path / 'two'}", *ARGS],
         capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert two.returncode == 0, two.stderr[-3000:]

@@ -36,9 +36,9 @@ def test_plain_lines_every_tenth_of_the_run_and_at_the_end():
         progress.update(row)
     progress.close()
     lines = out.getvalue().splitlines()
-    assert [line.split(" | ")[0] for line in lines] == [f"mmrl: step {s}/25" for s in [0, *range(2, 25, 2), 25]]
+    assert [line.split(" | ")[0] for line in lines] == [f"mmrl: step {s}/25" for s in [0, 1, *range(2, 25, 2), 25]]
     assert lines[0] == "mmrl: step 0/25 | eval reward 0.125 (step 0)"
-    assert lines[5].startswith("mmrl: step 10/25 | reward 0.400 | eval reward 0.700 (step 10) | 0.50 s/step")
+    assert lines[6].startswith("mmrl: step 10/25 | reward 0.400 | eval reward 0.700 (step 10) | 0.50 s/step")
     assert lines[-1].startswith("mmrl: step 25/25 | reward 1.000 | eval reward 1.000 (step 25) | 0.50 s/step")
     assert "\r" not in out.getvalue()
 

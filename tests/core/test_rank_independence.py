@@ -8,13 +8,14 @@ differing sample anywhere changes it."""
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from PIL import Image
+
+from helpers import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,15 +31,9 @@ def output_hash(samples) -> list:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train(config: str, out: str, processes: int, rewards: str) -> None:
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                 str(_free_port())] if processes == 2 else [sys.executable])
+                 str(free_port())] if processes == 2 else [sys.executable])
     cmd = [*launcher, "-m", "mmrl", "train", os.path.join(ROOT, "configs", "tiny", config), f"output_dir={out}",
            "max_steps=1", "eval.every=0", "checkpoint.every=0", "logging.save_samples_every=1",
            "train.prompts_per_step=4", f"rewards={rewards}"]

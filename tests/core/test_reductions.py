@@ -9,7 +9,6 @@ variables) it is the worker of the two-process test.
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -22,6 +21,7 @@ from mmrl.collect import declare_reward_metrics
 from mmrl.losses import clipped_surrogate
 from mmrl.reduce import Accumulator, Metric, maximum, mean, minimum, summed, weighted_mean
 from mmrl.update import samples_per_optimizer_step
+from helpers import free_port
 
 NAN = float("nan")
 
@@ -161,15 +161,9 @@ def _worker(out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_combine_by_declared_reduction(tmp_path):
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     out = str(tmp_path / "row")
     procs = [subprocess.Popen([sys.executable, __file__, out], env={**env, "RANK": str(r)},
                               stderr=subprocess.PIPE, text=True) for r in range(2)]
