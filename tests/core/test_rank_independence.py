@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import free_port
-
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HASH_REWARD = f"{os.path.abspath(__file__)}:output_hash"
@@ -32,6 +30,8 @@ def output_hash(samples) -> list:
 
 
 def _train(config: str, out: str, processes: int, rewards: str) -> None:
+    from helpers import free_port  # here, not at the top: mmrl also loads this file as a reward plug-in
+
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                  str(free_port())] if processes == 2 else [sys.executable])
     cmd = [*launcher, "-m", "mmrl", "train", os.path.join(ROOT, "configs", "tiny", config), f"output_dir={out}",
