@@ -198,3 +198,16 @@ def test_third_party_adapter_by_reference(tmp_path):
     assert os.path.isfile(tmp_path / "run" / "metrics.jsonl")
     msg = _error(BANDIT, "policy.name=mmrl.bandit:match")
     assert "'policy.name'" in msg and "not an adapter" in msg
+
+
+def test_a_reward_that_cannot_load_its_model_is_a_config_error(tmp_path, capsys):
+    plugin = tmp_path / "heavy.py"
+    plugin.write_text("class Heavy:\n"
+                      "    def __init__(self, checkpoint='org/missing'):\n"
+                      "        raise OSError(f'{checkpoint} is not a local folder and the hub is unreachable')\n"
+                      "    def __call__(self, samples):\n"
+                      "        return [0.0] * len(samples)\n")
+    code = main(["train", BANDIT, f"output_dir={tmp_path / 'run'}", f"rewards=[{{name: '{plugin}:Heavy'}}]"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "building it" in err and "org/missing is not a local folder" in err
