@@ -1,10 +1,6 @@
-import os
-import sys
-
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BANDIT = os.path.join(REPO, "configs", "tiny", "bandit.yaml")
+from testkit import BANDIT, REPO
 
 
 @pytest.fixture
@@ -15,11 +11,6 @@ def repo_root() -> str:
 @pytest.fixture
 def bandit_config() -> str:
     return BANDIT
-
-
-def mmrl_cmd(*args: str) -> list[str]:
-    """The CLI as a subprocess: `python -m mmrl ...` with the test's interpreter."""
-    return [sys.executable, "-m", "mmrl", *args]
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import json
 import os
 import subprocess
 
-from conftest import BANDIT, mmrl_cmd
+from testkit import BANDIT, mmrl_cmd
 
 
 def run(*args, cwd=None):

@@ -5,7 +5,7 @@ import subprocess
 
 from PIL import Image
 
-from conftest import BANDIT, REPO, mmrl_cmd
+from testkit import BANDIT, REPO, mmrl_cmd
 
 
 def run(*args):

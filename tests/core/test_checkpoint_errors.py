@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import BANDIT, mmrl_cmd
+from testkit import BANDIT, mmrl_cmd
 from helpers import bandit_cfg, run_bandit, train_rows
 from mmrl import checkpoint
 from mmrl.checkpoint import CheckpointError, IncompatibleCheckpoint

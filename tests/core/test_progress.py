@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from omegaconf import OmegaConf
 
-from conftest import REPO
+from testkit import REPO
 from helpers import bandit_cfg, run_bandit
 from mmrl.console import Progress, header
 

@@ -5,7 +5,7 @@ import signal
 import subprocess
 import time
 
-from conftest import BANDIT, mmrl_cmd
+from testkit import BANDIT, mmrl_cmd
 from helpers import read_metrics
 
 COMMON = [BANDIT, "max_steps=24", "checkpoint.every=4", "eval.every=6", "policy.sleep_s=0.05",

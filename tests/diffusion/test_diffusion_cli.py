@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import mmrl_cmd
+from testkit import mmrl_cmd
 from diffusion_helpers import tiny_config
 
 pytestmark = pytest.mark.slow
