@@ -77,7 +77,8 @@ def test_vision_tower_runs_once_per_prompt_per_step(make_policy, counting_rows):
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava"])
 def test_scoring_forward_matches_generation_logits(make_policy, counting_rows, family):
     """Old log-probs from the predict forward equal log-softmax of generate's own logits on the
-    sampled tokens (up to KV-cache rounding): positions, rope and image features line up."""
+    sampled tokens (up to KV-cache rounding): positions, rope and image features line up; past each
+    row's end (inside the layout and beyond it) log-probs and entropies are exactly 0."""
     from vlm.batch import collate, layout_for
     from vlm.generation import BlockTokens
     from vlm.logprobs import BLOCK_BIAS
@@ -94,20 +95,23 @@ def test_scoring_forward_matches_generation_logits(make_policy, counting_rows, f
     comps = [new[r, :8] for r in range(len(items))]
     comps = [c[:int((torch.isin(c, torch.tensor(tk.stop_ids))).nonzero()[0]) + 1]
              if torch.isin(c, torch.tensor(tk.stop_ids)).any() else c for c in comps]
+    comps[0] = comps[0][:5]       # a prefix is a valid completion; row 0 now ends inside the layout
     layout = layout_for(items, comps)
+    out_len = layout.width - layout.prompt_width + 2       # and every row has positions past its end
     with torch.no_grad():
-        logp, _ = policy.scorer(items, comps, [layout] * len(items), layout.width - layout.prompt_width)
+        logp, entropy = policy.scorer(items, comps, [layout] * len(items), out_len)
     bias = torch.zeros(out.logits[0].shape[-1])
     bias[tk.blocked] = BLOCK_BIAS
-    with torch.no_grad():
-        _, entropy = policy.scorer(items, comps, [layout] * len(items), layout.width - layout.prompt_width)
+    assert len(comps[0]) < layout.width - layout.prompt_width   # padded inside the layout: real tokens there
     for r, c in enumerate(comps):
         dists = [torch.log_softmax(out.logits[t][r].float() + bias, -1) for t in range(len(c))]
         gen = torch.stack([d[c[t]] for t, d in enumerate(dists)])
         torch.testing.assert_close(logp[r, :len(c)], gen, atol=1e-4, rtol=0)
         ent = torch.stack([-(d.exp() * d).sum() for d in dists])
         torch.testing.assert_close(entropy[r, :len(c)], ent, atol=1e-4, rtol=0)
-        assert float(logp[r, len(c):].abs().sum()) == 0.0
+        past = slice(len(c), None)                       # never empty (the old check ran over empty slices)
+        assert logp[r, past].numel() >= 2
+        assert float(logp[r, past].abs().sum()) == 0.0 and float(entropy[r, past].abs().sum()) == 0.0
 
 
 def test_lora_reference_is_the_base_model(make_policy, counting_rows):
