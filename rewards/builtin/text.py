@@ -8,6 +8,7 @@ unusable); a wrong or unparsable *prediction* scores 0.0. Bad config kwargs rais
 from __future__ import annotations
 
 import functools
+import math
 import re
 import threading
 
@@ -136,27 +137,32 @@ def choice(samples: list, tag: str = "answer") -> list[float | None]:
 
 # ---------------------------------------------------------------- numbers and strings
 
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?")
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?:\s*/\s*(?:\d+\.?\d*|\.\d+))?")
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def parse_number(text) -> float | None:
-    """The last number in `text` ("1,000", "-2.5e3", "3/4" allowed); None if there is none."""
+    """The last number in `text` ("1,000", "-2.5e3", "3/4", "3/1.5" allowed); None if there is none,
+    if it divides by zero, or if it is not finite (inf, nan, "1e999")."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
+        return _finite(float(text))
     found = _NUMBER.findall(str(text))
     if not found:
         return None
     num, _, den = found[-1].replace(",", "").replace(" ", "").partition("/")
     if not den:
-        return float(num)
-    return float(num) / float(den) if float(den) != 0 else None
+        return _finite(float(num))
+    return _finite(float(num) / float(den)) if float(den) != 0 else None
 
 
 @register("numeric")
 def numeric(samples: list, rel_tol: float = 1e-6, abs_tol: float = 1e-9, tag: str = "answer") -> list[float | None]:
     """1.0 if the answer's last number y has |y - gold| <= max(rel_tol * |gold|, abs_tol), else 0.0.
 
-    None if the output is not str or the gold has no number.
+    None if the output is not str or the gold has no usable number (none, 1/0, inf: see `parse_number`).
     """
     if not (rel_tol >= 0 and abs_tol >= 0):
         raise ValueError(f"numeric reward: rel_tol and abs_tol must be >= 0, got {rel_tol}, {abs_tol}")
