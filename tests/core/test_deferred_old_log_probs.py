@@ -36,7 +36,8 @@ def test_deferred_old_log_probs_train_exactly_like_recorded_ones(tmp_path, monke
     monkeypatch.setattr(BanditPolicy, "rollout", deferring)
     monkeypatch.setattr(BanditPolicy, "log_probs", counting)
     deferred = train_rows(run_bandit(tmp_path / "deferred", "max_steps=4", *overrides).cfg.output_dir)
-    for a, b in zip(recorded, deferred):
+    assert [r["step"] for r in recorded] == [r["step"] for r in deferred] == [1, 2, 3, 4]
+    for a, b in zip(recorded, deferred, strict=True):
         for key in KEYS:
             assert a[key] == b[key], (a["step"], key, a[key], b[key])
     no_grad_passes = calls.count(False)

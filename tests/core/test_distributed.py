@@ -33,5 +33,6 @@ def test_two_processes_match_one_and_stay_in_sync(tmp_path):
     assert (a["thetas"][0].abs().max()) > 1e-2                    # training moved the parameters
     torch.testing.assert_close(rank0, a["thetas"][0], rtol=0, atol=1e-5)
     rows_one, rows_two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
-    for r1, r2 in zip(rows_one, rows_two):
+    assert [r["step"] for r in rows_one] == [r["step"] for r in rows_two] == [1, 2, 3, 4, 5, 6]
+    for r1, r2 in zip(rows_one, rows_two, strict=True):
         assert r1["reward/mean"] == pytest.approx(r2["reward/mean"], abs=1e-6)

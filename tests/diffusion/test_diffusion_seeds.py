@@ -22,7 +22,8 @@ def test_a_prompt_samples_the_same_alone_or_beside_others(kind, overrides):
     many = policy.rollout(prompts(TEXTS, seeds=[7, 8, 9], step=2), group_size=2)
     alone = policy.rollout(prompts(TEXTS[1:2], seeds=[8], step=2), group_size=2)
     mine = select(many, torch.tensor([2, 3]))
-    assert all(np.array_equal(x, y) for x, y in zip(_pixels(mine.samples), _pixels(alone.samples)))
+    assert len(mine.samples) == len(alone.samples) == 2
+    assert all(np.array_equal(x, y) for x, y in zip(_pixels(mine.samples), _pixels(alone.samples), strict=True))
     assert torch.equal(mine.log_probs, alone.log_probs)
     assert torch.equal(mine.state["step_index"], alone.state["step_index"])     # fraction: the prompt's own subset
     assert not np.array_equal(_pixels(many.samples)[0], _pixels(many.samples)[2])

@@ -137,7 +137,8 @@ def test_generate_eval_is_deterministic_ode():
     a = policy.generate_eval(prompts(TEXTS, seeds=[3, 4], step=-1))
     b = policy.generate_eval(prompts(TEXTS, seeds=[3, 4], step=-1))
     assert [x.prompt for x in a] == TEXTS and all(isinstance(x.output, Image.Image) for x in a)
-    assert all(np.array_equal(np.asarray(x.output), np.asarray(y.output)) for x, y in zip(a, b))
+    assert len(a) == len(b) == len(TEXTS)
+    assert all(np.array_equal(np.asarray(x.output), np.asarray(y.output)) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("kind", FAMILIES)

@@ -26,7 +26,8 @@ def test_a_prompt_samples_the_same_alone_or_beside_others(make_policy, counting_
     split = _rollout(make_policy, [b, a], [12, 11], 1, family)       # b first, one row per call
     for other in (alone, split):
         got = other.state["completion"][:G]
-        assert all(torch.equal(x, y) for x, y in zip(both.state["completion"][G:], got))
+        assert len(both.state["completion"]) == 2 * G and len(got) == G
+        assert all(torch.equal(x, y) for x, y in zip(both.state["completion"][G:], got, strict=True))
     texts = [s.output for s in both.samples[G:]]
     assert len(set(texts)) > 1                                       # the G samples of a prompt differ
 
@@ -34,7 +35,8 @@ def test_a_prompt_samples_the_same_alone_or_beside_others(make_policy, counting_
 def test_the_prompt_seed_drives_the_samples(make_policy, counting_rows):
     b = counting_rows[1]
     one, other = (_rollout(make_policy, [b], [s], 0).state["completion"] for s in (12, 13))
-    assert not all(torch.equal(x, y) for x, y in zip(one, other))
+    assert len(one) == len(other) == G
+    assert not all(torch.equal(x, y) for x, y in zip(one, other, strict=True))
 
 
 def test_rollout_leaves_the_global_rng_alone(make_policy, counting_rows):
