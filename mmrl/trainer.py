@@ -169,7 +169,9 @@ def _eval_due(run: Run, step: int) -> bool:
 
 def train(cfg: Config) -> str:
     """Run training to `cfg.max_steps`; returns the run directory."""
-    fit(setup(cfg))
+    run = setup(cfg)
+    fit(run)
+    run.accelerator.end_training()  # destroys the process group: a rank exiting with live gloo threads may abort
     return cfg.output_dir
 
 
