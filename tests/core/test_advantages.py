@@ -259,3 +259,11 @@ def test_nan_entries_get_zero_and_do_not_change_the_others(r):
             if valid.sum() >= 2:
                 sub = fn(r[p][valid][None, :])[0]
                 torch.testing.assert_close(a[p][valid], sub, rtol=0, atol=1e-5)
+
+
+def test_reinforce_pp_whitens_two_values_and_adds_eps_to_the_std():
+    """Two kept values are enough to whiten (unbiased std of [-d, d] is d sqrt 2), and eps is added to
+    the std: rewards of spread 2e-3 with eps 1e-4 give +-1e-3 / (1.41421e-3 + 1e-4), not / (std - eps)."""
+    d, eps = 1e-3, 1e-4
+    std = d * 2 ** 0.5
+    close(reinforce_pp(T([[0.0, 2 * d]]), eps=eps), [[-d / (std + eps), d / (std + eps)]], atol=1e-7)

@@ -153,3 +153,60 @@ def test_changed_keys_compares_nested_sections_and_skips_keys_one_side_lacks():
     new = {"seed": 0, "max_steps": 9, "eval": {"every": 5}, "policy": {"name": "bandit", "num_arms": 6},
            "rewards": [{"name": "b"}], "algo": {"new_key": 2}}
     assert changed_keys(saved, new) == ["policy.num_arms", "rewards"]
+
+
+def test_writer_alive_answers_for_each_kind_of_pid(monkeypatch):
+    """Who may still be writing: not this process, not pid 0 (signal 0 to it would reach our own process
+    group) or a negative pid; pid 1 (init, always alive) yes; a pid the kernel cannot hold (OverflowError)
+    or a dead one no; a live process of another user (PermissionError) yes; on Windows always yes."""
+    assert not checkpoint._writer_alive(os.getpid())
+    assert not checkpoint._writer_alive(0) and not checkpoint._writer_alive(-5)
+    assert checkpoint._writer_alive(1)
+    assert not checkpoint._writer_alive(2 ** 80)
+    assert not checkpoint._writer_alive(_dead_pid())
+
+    def denied(pid, sig):
+        raise PermissionError(errno.EPERM, "not ours")
+
+    dead = _dead_pid()
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint.os, "name", "nt")
+        assert checkpoint._writer_alive(dead)        # never probed there (the real probe would say: dead)
+    monkeypatch.setattr(checkpoint.os, "kill", denied)
+    assert checkpoint._writer_alive(dead)
+
+
+def test_rng_state_carries_the_cuda_generators_when_cuda_is_there(monkeypatch):
+    """With CUDA (faked here: no GPU on the test machine) the state holds every device's generator and a
+    restore hands exactly those back; a state saved without CUDA restores without touching CUDA."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["gpu0", "gpu1"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", calls.append)
+    state = checkpoint.rng_state()
+    assert state["cuda"] == ["gpu0", "gpu1"]
+    checkpoint.set_rng_state(state)
+    assert calls == [["gpu0", "gpu1"]]
+    del state["cuda"]
+    checkpoint.set_rng_state(state)
+    assert calls == [["gpu0", "gpu1"]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    checkpoint.set_rng_state({**state, "cuda": ["gpu0"]})       # saved on a GPU machine, resumed on a CPU one
+    assert calls == [["gpu0", "gpu1"]]
+
+
+def test_policy_name_in_errors_names_the_policy_and_its_model():
+    """The incompatible-checkpoint message names the policy: its config's name and model, the name alone
+    when the config has no model, and the class name when there is no config."""
+    class WithModel:
+        cfg = type("Cfg", (), {"name": "vlm", "model": "Qwen/Qwen2.5-VL-3B-Instruct"})()
+
+    class NoModel:
+        cfg = type("Cfg", (), {"name": "bandit"})()
+
+    class Bare:
+        pass
+
+    assert checkpoint._policy_name(WithModel()) == "'vlm' (model Qwen/Qwen2.5-VL-3B-Instruct)"
+    assert checkpoint._policy_name(NoModel()) == "'bandit'"
+    assert checkpoint._policy_name(Bare()) == "'Bare'"

@@ -191,6 +191,9 @@ def test_gaussian_kl():
     # agrees with torch's KL of the per-element Gaussians averaged over dims
     p, q = torch.distributions.Normal(a, 0.7), torch.distributions.Normal(b, 0.7)
     torch.testing.assert_close(gaussian_kl(a, b, torch.tensor(0.7)), torch.distributions.kl_divergence(p, q).mean(1))
+    # a deterministic row (std 0) has KL 0 even where the means differ, next to a random row
+    kl = gaussian_kl(a, b, torch.tensor([[0.0], [1.0]]))
+    assert torch.equal(kl, torch.tensor([0.0, 9 / 4]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -213,8 +216,29 @@ def test_unknown_names_raise():
         flow_sde_step(x, x, 0.5, 0.4, noise_level=0.7, schedule="ddpm")
     with pytest.raises(ValueError, match="epsilon, v_prediction"):
         ddim_sde_step(x, x, 0.3, 0.5, eta=1.0, prediction_type="sample")
-    with pytest.raises(ValueError, match=r"\[B\] tensors"):
+    with pytest.raises(ValueError, match=r"\[B\] tensors with B=3, got shape \(2,\)"):
         flow_sde_step(x, x, torch.ones(2), 0.4, noise_level=0.7)
+
+
+def test_step_math_is_fp32_whatever_the_coefficients_and_default_dtype():
+    """fp64 [B] coefficients do not promote the step (std and log-prob stay fp32, equal to fp32 ones), and a
+    draw does not depend on torch's default dtype (z is drawn in fp32 from the generator)."""
+    g = torch.Generator().manual_seed(3)
+    v, x = torch.randn(SHAPE, generator=g), torch.randn(SHAPE, generator=g)
+    sig, nxt = torch.tensor([0.9, 0.5, 0.3]), torch.tensor([0.8, 0.4, 0.1])
+    ref = flow_sde_step(v, x, sig, nxt, noise_level=0.7, generator=torch.Generator().manual_seed(1))
+    wide = flow_sde_step(v, x, sig.double(), nxt.double(), noise_level=0.7, generator=torch.Generator().manual_seed(1))
+    assert wide.std.dtype == wide.log_prob.dtype == torch.float32
+    assert torch.equal(wide.prev_sample, ref.prev_sample) and torch.equal(wide.log_prob, ref.log_prob)
+    d = ddim_sde_step(v, x, torch.tensor([0.3, 0.4, 0.5]).double(), torch.tensor([0.5, 0.6, 0.7]).double(), eta=1.0)
+    assert d.std.dtype == d.log_prob.dtype == torch.float32
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        again = flow_sde_step(v, x, sig, nxt, noise_level=0.7, generator=torch.Generator().manual_seed(1))
+    finally:
+        torch.set_default_dtype(default)
+    assert torch.equal(again.prev_sample, ref.prev_sample) and torch.equal(again.log_prob, ref.log_prob)
 
 
 def test_variance_noise_is_used_instead_of_the_generator():

@@ -117,3 +117,37 @@ def test_example_user_reward_file(repo_root):
     fn = rewards.resolve(f"{repo_root}/examples/my_reward.py:small_numbers", {"scale": 8})
     out = fn([Sample("p", "0 0"), Sample("p", "4 4"), Sample("p", "no digits"), Sample("p", "9")])
     assert out == [1.0, 0.5, None, 0.0]
+
+
+def test_a_failure_is_logged_once_per_reward_and_error_type_with_what_failed(caplog):
+    """The first failure of each (reward, error type) is logged with the label, the sample, the error's
+    type and message; a second error type of the same reward, or another reward, logs again; a batch-level
+    failure without a sample id says 'a sample'."""
+    def kinds(batch):
+        for s in batch:
+            if s.output == "1":
+                raise ValueError("bad one")
+            if s.output == "2":
+                raise KeyError("missing")
+        return [1.0] * len(batch)
+
+    rs = RewardSet(parse_specs([{"name": f"{__file__}:odd_fails", "label": "odd", "max_fail_frac": 1.0}]))
+    rs.fns.append(kinds)
+    rs.specs.append(parse_specs([{"name": "format", "label": "kinds", "max_fail_frac": 1.0}])[0])
+    with caplog.at_level("WARNING", logger="mmrl.rewards"):
+        rs.score(samples(4))
+        rs.score(samples(4))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "reward 'odd' failed on sample 1: ValueError: cannot score 1 (further ValueError errors of this reward "
+        "are counted, not logged)",
+        "reward 'kinds' failed on sample 1: ValueError: bad one (further ValueError errors of this reward are "
+        "counted, not logged)",
+        "reward 'kinds' failed on sample 2: KeyError: 'missing' (further KeyError errors of this reward are "
+        "counted, not logged)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mmrl.rewards"):
+        rs._note(rs.specs[0], TimeoutError("slow"), "")
+    assert [r.getMessage() for r in caplog.records] == [
+        "reward 'odd' failed on a sample: TimeoutError: slow (further TimeoutError errors of this reward are "
+        "counted, not logged)"]

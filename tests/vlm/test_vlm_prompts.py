@@ -67,3 +67,32 @@ def test_dataloader_workers_prepare_the_same_prompts(make_policy, counting_rows)
                       index=[0, 9], seeds=[0, 0], step=0)
     with pytest.raises(ConfigError, match=r"^data.train, row 9: image <4 bytes> cannot be decoded"):
         policy._prompts(bad)
+
+
+def test_processor_outputs_are_sorted_by_consumer_and_meta_keeps_the_extra_columns():
+    """_split sends each processor output where the model takes it: a per-token tensor ([1, L, ...], also
+    3-D) to token_inputs as [L, ...], a per-image one to image_inputs, encoder keys to encoder_inputs (pixel
+    tensors never to the language model), and drops input_ids / attention_mask and non-tensors. meta holds
+    the record's extra columns, never prompt, images, answer, system or private `_` keys."""
+    import torch
+
+    from vlm.prompts import InputKeys, PromptBuilder
+
+    L = 6
+    enc = {"input_ids": torch.arange(L)[None], "attention_mask": torch.ones(1, L),
+           "mm_token_type_ids": torch.zeros(1, L, dtype=torch.long), "rope_deltas": torch.ones(1, L, 3),
+           "image_grid_thw": torch.tensor([[1, 2, 2]]), "pixel_values": torch.ones(4, 5), "note": "text"}
+    keys = InputKeys(encoder=frozenset({"pixel_values", "image_grid_thw"}),
+                     forward=frozenset({"mm_token_type_ids", "rope_deltas", "image_grid_thw", "pixel_values",
+                                        "note", "attention_mask"}))
+    builder = PromptBuilder(processor=None, resize=None, keys=keys, protected_ids=frozenset())
+    rec = {"prompt": "q", "images": ["a.png"], "answer": "2", "system": "s", "_source": "x", "difficulty": 3,
+           "id": "r7"}
+    item = builder._split(enc, rec, images=["img"], resize=[None])
+    assert sorted(item.token_inputs) == ["mm_token_type_ids", "rope_deltas"]
+    assert item.token_inputs["rope_deltas"].shape == (L, 3) and item.token_inputs["mm_token_type_ids"].shape == (L,)
+    assert sorted(item.image_inputs) == ["image_grid_thw"]
+    assert sorted(item.encoder_inputs) == ["image_grid_thw", "pixel_values"]
+    assert item.meta == {"difficulty": 3, "id": "r7"}
+    assert not item.truncated and torch.equal(item.input_ids, torch.arange(L))
+    assert builder._split(enc, rec, images=[], resize=[]).encoder_inputs == {}    # text-only: no encoder call

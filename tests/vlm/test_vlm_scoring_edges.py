@@ -290,3 +290,57 @@ def test_max_len_norm_from_the_config_sets_the_loss(tmp_path):
     for m, loss in losses.items():
         assert loss == pytest.approx(-total / ((m or width) * n), rel=1e-5, abs=1e-7), m
     assert abs(losses[3] - losses[50]) > 0.1 * abs(losses[3])
+
+
+# ---------------------------------------------------------------- chunked scoring
+
+
+def test_token_scores_chunks_cover_every_position_and_pass_gradients_to_the_head():
+    """token_scores over chunks equals one log_softmax over all T positions, also when T exceeds the hidden
+    width H (chunks run over positions, never over H); with grad, the checkpointed chunks give the head its
+    gradient even when the hidden states do not require grad (a frozen body under a trained head)."""
+    from vlm.logprobs import token_scores
+
+    torch.manual_seed(0)
+    n, T, H, V = 2, 10, 4, 7
+    hidden = torch.randn(n, T, H)                                                       # [n, T, H]
+    targets = torch.randint(V, (n, T))                                                  # [n, T]
+    head = torch.nn.Linear(H, V, bias=False)
+    bias = torch.zeros(V)
+    logp_all = torch.log_softmax(head(hidden).detach() / 0.9, -1)                       # [n, T, V]
+    with torch.no_grad():
+        logp, ent = token_scores(hidden, targets, head, bias, 0.9, None, 3)
+    assert logp.shape == ent.shape == (n, T)
+    torch.testing.assert_close(logp, logp_all.gather(-1, targets[..., None]).squeeze(-1))
+    torch.testing.assert_close(ent, -(logp_all.exp() * logp_all).sum(-1))
+    logp_grad, _ = token_scores(hidden, targets, head, bias, 0.9, None, 3)
+    logp_grad.sum().backward()
+    expected = torch.autograd.grad(torch.log_softmax(head(hidden) / 0.9, -1).gather(-1, targets[..., None]).sum(),
+                                   head.weight)[0]
+    torch.testing.assert_close(head.weight.grad, expected)
+
+
+def test_fresh_features_are_encoded_once_per_prompt_and_equal_the_cached_ones(scoring_case, monkeypatch):
+    """When the vision side trains (encode_with_grad), each distinct prompt of a microbatch is encoded once
+    (the G rows of a group share it) and the log-probs equal those from the rollout's cached features."""
+    import vlm.logprobs as logprobs
+    from vlm.logprobs import TokenScorer
+
+    policy, items, comps, _, layout = scoring_case
+    hf, tk = policy.p.model.hf, policy.p.tokens
+    t = layout.width - layout.prompt_width
+    with torch.no_grad():   # as the rollout does: each prompt's features computed once and kept on it
+        items = [dataclasses.replace(x, features=logprobs.encode(hf, x.encoder_inputs, "cpu")) for x in items]
+    rows, row_comps = [items[0], items[1], items[0]], [comps[0], comps[1], comps[0]]
+    with torch.no_grad():
+        cached, _ = TokenScorer(hf, tk.blocked, 1.0, 4, tk.pad_id, tk.image_token_id, False)(
+            rows, row_comps, [layout] * 3, t)
+    encoded = []
+    real = logprobs.encode
+    monkeypatch.setattr(logprobs, "encode", lambda hf_, inputs, device: encoded.append(id(inputs)) or
+                        real(hf_, inputs, device))
+    with torch.no_grad():
+        fresh, _ = TokenScorer(hf, tk.blocked, 1.0, 4, tk.pad_id, tk.image_token_id, True)(
+            rows, row_comps, [layout] * 3, t)
+    assert encoded == [id(items[0].encoder_inputs), id(items[1].encoder_inputs)]
+    torch.testing.assert_close(fresh, cached, atol=1e-5, rtol=0)
