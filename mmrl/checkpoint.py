@@ -135,20 +135,24 @@ def save(root: str, step: int, policy, optimizer, scheduler, trainer_state: dict
     checkpoint stays the `latest`."""
     name = f"{PREFIX}{step:06d}"
     final, tmp = os.path.join(root, name), os.path.join(root, f".tmp_{name}_{os.getpid()}")
+    published = False
     try:
         os.makedirs(root, exist_ok=True)
         _remove(tmp)
         _write(tmp, step, policy, optimizer, scheduler, trainer_state)
         _publish(tmp, final)
+        published = True
         _fsync_dir(root)
         write_text_atomic(os.path.join(root, "latest"), name + "\n")
         _prune(root, keep_last)
     except OSError as e:
         _remove(tmp)
         previous = latest(root)
-        kept = (f"the previous checkpoint {previous!r} is intact and resume=auto continues from it"
+        done = (f"Checkpoint {name} itself is complete, but the 'latest' pointer still names the one before"
+                if published else "The partial write was removed")
+        kept = (f"the checkpoint {previous!r} is intact and resume=auto continues from it"
                 if previous else "no earlier checkpoint exists")
-        raise CheckpointError(f"cannot write checkpoint {name} in {root!r}: {e}. The partial write was removed; "
+        raise CheckpointError(f"cannot write checkpoint {name} in {root!r}: {e}. {done}; "
                               f"{kept}. Free disk space or make the folder writable, then run again") from None
     return final
 

@@ -147,9 +147,12 @@ def test_a_failed_save_leaves_the_previous_checkpoint_latest(tmp_path, monkeypat
     root = tmp_path / "checkpoints"
     _save(root, 2)
     _inject(monkeypatch, point, root, OSError(errno.EIO, os.strerror(errno.EIO)))
-    with pytest.raises(CheckpointError, match=rf"cannot write checkpoint {STEP4}.*{STEP2}.*intact"):
+    with pytest.raises(CheckpointError, match=rf"cannot write checkpoint {STEP4}.*{STEP2}.*intact") as err:
         _save(root, 4)
     monkeypatch.undo()
+    # the message says what happened to step 4: removed, or complete with the pointer left behind
+    said = "itself is complete, but the 'latest' pointer" if point in POINTER else "The partial write was removed"
+    assert said in str(err.value)
 
     assert _pointer(root) == f"{STEP2}\n"
     assert checkpoint.latest(str(root)) == str(root / STEP2)
