@@ -170,8 +170,8 @@ class PromptBuilder:
             raise ConfigError(
                 f"{where(rec)}: the prompt has {ids.numel()} tokens (> policy.max_prompt_tokens="
                 f"{limit}; {need} are image placeholders or special tokens that are never cut). "
-                + ("Set policy.truncation=left to drop the earliest text tokens, or " if not cut_left else "")
-                + "raise policy.max_prompt_tokens or lower policy.max_pixels.")
+                + ("Set policy.truncation=left to drop the earliest text tokens, or raise" if not cut_left else "Raise")
+                + " policy.max_prompt_tokens or lower policy.max_pixels.")
         drop = torch.nonzero(~protected).squeeze(1)[:excess]
         keep[drop] = False
         return keep

@@ -10,6 +10,7 @@ from vlm.prompts import R1_INSTRUCTION, build_messages, format_text
 
 def test_format_text():
     assert format_text("Find x.", "r1") == f"Find x.\n{R1_INSTRUCTION}"
+    assert format_text("  Find x. \n", "r1") == f"  Find x.\n{R1_INSTRUCTION}"     # only trailing space goes
     assert format_text("Find x.", "none") == "Find x."
     assert format_text("Find x.", "Q: {prompt} A:") == "Q: Find x. A:"
     assert "<think>" in R1_INSTRUCTION and "<answer>" in R1_INSTRUCTION
@@ -96,3 +97,38 @@ def test_processor_outputs_are_sorted_by_consumer_and_meta_keeps_the_extra_colum
     assert item.meta == {"difficulty": 3, "id": "r7"}
     assert not item.truncated and torch.equal(item.input_ids, torch.arange(L))
     assert builder._split(enc, rec, images=[], resize=[]).encoder_inputs == {}    # text-only: no encoder call
+
+
+def _truncating_builder(limit: int, truncation: str):
+    from vlm.prompts import InputKeys, PromptBuilder, PromptOptions
+
+    return PromptBuilder(processor=None, resize=None, keys=InputKeys(frozenset(), frozenset()),
+                         protected_ids=frozenset({0, 9}), options=PromptOptions(max_prompt_tokens=limit,
+                                                                                truncation=truncation))
+
+
+def test_keep_mask_at_the_limits():
+    """A prompt exactly at max_prompt_tokens is kept whole in either mode; `left` may drop every text token
+    (but never a protected one); one more is an error that counts the tokens and the protected ones, and
+    in `error` mode suggests truncation=left."""
+    import torch
+
+    from mmrl.config import ConfigError
+
+    ids = torch.tensor([0, 5, 6, 7, 9, 0])               # 0, 9 protected: 3 text tokens
+    rec = {"prompt": "q"}
+    for mode in ("error", "left"):
+        assert bool(_truncating_builder(6, mode)._keep_mask(ids, rec).all())
+    assert _truncating_builder(3, "left")._keep_mask(ids, rec).tolist() == [True, False, False, False, True, True]
+    assert _truncating_builder(5, "left")._keep_mask(ids, rec).tolist() == [True, False, True, True, True, True]
+    with pytest.raises(ConfigError) as err:
+        _truncating_builder(2, "left")._keep_mask(ids, rec)
+    assert str(err.value) == ("a dataset record: the prompt has 6 tokens (> policy.max_prompt_tokens=2; 3 are "
+                              "image placeholders or special tokens that are never cut). Raise "
+                              "policy.max_prompt_tokens or lower policy.max_pixels.")
+    with pytest.raises(ConfigError) as err:
+        _truncating_builder(5, "error")._keep_mask(ids, rec)
+    assert str(err.value) == ("a dataset record: the prompt has 6 tokens (> policy.max_prompt_tokens=5; 3 are "
+                              "image placeholders or special tokens that are never cut). Set policy.truncation=left "
+                              "to drop the earliest text tokens, or raise policy.max_prompt_tokens or lower "
+                              "policy.max_pixels.")

@@ -183,7 +183,9 @@ def test_prompt_image_token_check_fails_both_ways(make_policy, counting_rows):
         assert int((bad == image_id).sum()) == n_tokens
         item.input_ids = bad
         with pytest.raises(ConfigError, match=rf"^data\.train, row 3: image placeholder tokens in the prompt "
-                                              rf"\({n_tokens}\) != image features \(4\) for 1 image\(s\)"):
+                                              rf"\({n_tokens}\) != image features \(4\) for 1 image\(s\)\. The prompt text may "
+                                              r"contain a literal placeholder token, or the processor and model "
+                                              r"disagree \(check policy\.processor\)\.$"):
             check_image_tokens(item, image_id)
     item.input_ids = ids
     item.n_image_tokens = 0
