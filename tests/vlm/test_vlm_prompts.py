@@ -19,6 +19,7 @@ def test_format_text():
 def test_images_go_to_their_marks_or_first():
     msgs = build_messages("Compare <image> and <image>.", 2, "Be brief.")
     assert msgs[0] == {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
+    assert msgs[1]["role"] == "user" and len(msgs) == 2
     assert [c["type"] for c in msgs[1]["content"]] == ["text", "image", "text", "image", "text"]
     assert [c["type"] for c in build_messages("Count.", 2, None)[0]["content"]] == ["image", "image", "text"]
 
@@ -132,3 +133,18 @@ def test_keep_mask_at_the_limits():
                               "image placeholders or special tokens that are never cut). Set policy.truncation=left "
                               "to drop the earliest text tokens, or raise policy.max_prompt_tokens or lower "
                               "policy.max_pixels.")
+
+
+def test_record_without_an_answer_is_refused_only_when_answers_are_required():
+    """policy.require_answer reaches the record check: an answer-less row is a config error naming the row
+    by default, and a valid record when answers are not required (say, a reward that needs no gold)."""
+    from mmrl.config import ConfigError
+
+    row = {"prompt": "Describe the picture.", "images": []}
+    with pytest.raises(ConfigError, match="missing answer"):
+        _truncating_builder(64, "error").record(row)
+    from vlm.prompts import InputKeys, PromptBuilder, PromptOptions
+
+    lenient = PromptBuilder(processor=None, resize=None, keys=InputKeys(frozenset(), frozenset()),
+                            protected_ids=frozenset(), options=PromptOptions(require_answer=False))
+    assert lenient.record(row)["prompt"] == "Describe the picture."
