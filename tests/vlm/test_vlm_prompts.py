@@ -148,3 +148,55 @@ def test_record_without_an_answer_is_refused_only_when_answers_are_required():
     lenient = PromptBuilder(processor=None, resize=None, keys=InputKeys(frozenset(), frozenset()),
                             protected_ids=frozenset(), options=PromptOptions(require_answer=False))
     assert lenient.record(row)["prompt"] == "Describe the picture."
+
+
+class _SpyProcessor:
+    """Records how the builder calls a processor; returns three token ids."""
+
+    def __init__(self):
+        self.template_kwargs, self.calls = None, []
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.template_kwargs = kwargs
+        return "TEXT"
+
+    def __call__(self, **kwargs):
+        import torch
+
+        self.calls.append(kwargs)
+        return {"input_ids": torch.tensor([[1, 2, 3]])}
+
+
+def test_builder_asks_the_processor_for_the_generation_prompt_and_passes_pixel_bounds_with_images(tmp_path):
+    """The chat template is rendered as text (tokenize=False) ending with the assistant's turn
+    (add_generation_prompt=True: the model answers, it does not continue the user); the processor's image
+    kwargs (Qwen-VL pixel bounds) go with images only; relative image paths resolve under image_root."""
+    from PIL import Image
+
+    from vlm.images import ResizePolicy
+    from vlm.prompts import InputKeys, PromptBuilder, PromptOptions
+
+    Image.new("RGB", (56, 56), "red").save(tmp_path / "red.png")
+    spy = _SpyProcessor()
+    builder = PromptBuilder(processor=spy, resize=ResizePolicy(), keys=InputKeys(frozenset(), frozenset()),
+                            protected_ids=frozenset(), options=PromptOptions(image_root=str(tmp_path)),
+                            image_kwargs={"max_pixels": 3136})
+    item = builder({"prompt": "What colour?", "images": ["red.png"], "answer": "red"})
+    assert spy.template_kwargs == {"add_generation_prompt": True, "tokenize": False}
+    assert spy.calls[-1]["text"] == ["TEXT"] and spy.calls[-1]["max_pixels"] == 3136
+    assert len(spy.calls[-1]["images"]) == 1 and item.images[0].size == (56, 56)
+    builder({"prompt": "Say hi.", "images": [], "answer": "hi"})
+    assert spy.calls[-1]["images"] is None and "max_pixels" not in spy.calls[-1]
+
+
+def test_prompt_options_from_config_maps_every_key():
+    """PromptOptions.from_config copies each policy key to its own field (no shifted or dropped ones)."""
+    from types import SimpleNamespace
+
+    from vlm.prompts import PromptOptions
+
+    cfg = SimpleNamespace(system_prompt="sys", format_prompt="none", max_prompt_tokens=77, truncation="left",
+                          image_root="/data/images", require_answer=False)
+    assert PromptOptions.from_config(cfg) == PromptOptions("sys", "none", 77, "left", "/data/images", False)
+    assert PromptOptions.from_config(cfg).image_root == "/data/images"
+    assert PromptOptions.from_config(cfg).require_answer is False
