@@ -288,3 +288,54 @@ def test_resume_restores_the_global_rng_draws(tmp_path, monkeypatch):
     again = _without_time(train_rows(tmp_path))
     assert len(again) == len(full) == 6
     assert again == full
+
+
+# ---------------------------------------------------------------- what `load` refuses, and how it says so
+
+
+def test_missing_files_are_listed_and_a_run_directory_gets_a_hint(tmp_path):
+    """A folder missing checkpoint files names each missing one and the full set; only a folder with a
+    `checkpoints/` inside (a run directory) gets the resume hint."""
+    path = _save(tmp_path / "run" / "checkpoints", 2)
+    for name in ("optimizer.pt", "rng.pt"):
+        os.remove(os.path.join(path, name))
+    holds = "an mmrl checkpoint folder holds policy.safetensors, optimizer.pt, scheduler.pt, rng.pt, state.json"
+    with pytest.raises(checkpoint.IncompatibleCheckpoint) as err:
+        checkpoint.load(path, *_objects(0.0))
+    assert str(err.value) == (f"config key 'resume': checkpoint {path!r} is missing optimizer.pt, rng.pt; {holds}")
+    run = str(tmp_path / "run")
+    with pytest.raises(checkpoint.IncompatibleCheckpoint) as err:
+        checkpoint.load(run, *_objects(0.0))
+    assert str(err.value).endswith(f"{holds}; {run!r} looks like a run directory: pass output_dir={run} "
+                                   f"resume=auto, or resume={run}/checkpoints/step_<n>")
+
+
+@pytest.mark.parametrize("length", [400, 401])
+def test_a_mismatch_message_keeps_400_characters_of_the_cause(tmp_path, monkeypatch, length):
+    """The library's reason for a mismatch is quoted whole up to 400 characters, cut with '...' beyond."""
+    path = _save(tmp_path, 2)
+    cause = "x" * (length - 1) + "y"
+
+    def refuse(self, p):
+        raise RuntimeError(cause)
+
+    monkeypatch.setattr(BanditPolicy, "load", refuse)
+    with pytest.raises(checkpoint.IncompatibleCheckpoint) as err:
+        checkpoint.load(path, *_objects(0.0))
+    quoted = cause if length <= 400 else cause[:400] + "..."
+    assert f": {quoted}. Resume it with the policy section" in str(err.value)
+
+
+class _NotWeights:
+    """An arbitrary pickled object: `torch.load(weights_only=True)` must refuse to run its code."""
+
+
+def test_optimizer_state_is_loaded_as_weights_only(tmp_path):
+    """A checkpoint's optimizer.pt is read with weights_only=True: a file holding arbitrary pickled objects
+    is refused instead of executed."""
+    import pickle
+
+    path = _save(tmp_path, 2)
+    torch.save({"state": {}, "param_groups": [], "payload": _NotWeights()}, os.path.join(path, "optimizer.pt"))
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        checkpoint.load(path, *_objects(0.0))
