@@ -1,6 +1,7 @@
 """Clip-fraction metrics of the clipped surrogate at their edges: all-zero advantages (nothing can be
 clipped, and the fractions are 0, not NaN), an all-masked microbatch, and clip-higher
-(eps_low != eps_high) tables where each token is clipped on a known side or not at all."""
+(eps_low != eps_high) tables where each token is clipped on a known side or not at all; and the
+LossSpec the update builds from the `algo:` config keys."""
 
 import math
 
@@ -105,3 +106,18 @@ def test_clip_higher_sides_with_a_mask_and_the_eps_swapped():
     _assert_fractions(_surrogate(ratios, [-1.0], clip_low=0.3, clip_high=0.1)[1], low=1 / 5, high=0)
     masked = _surrogate(ratios, [-1.0], mask=[[1, 1, 0, 1, 1]], clip_low=0.1, clip_high=0.3)[1]   # 0.85 masked
     _assert_fractions(masked, low=1 / 4, high=0)
+
+
+def test_loss_spec_takes_every_algo_key_from_the_config():
+    """The update's LossSpec carries each `algo.*` loss key as loaded (none dropped back to its default)."""
+    from mmrl.config import load_config
+    from mmrl.losses import LossSpec
+    from mmrl.update import loss_spec
+    from testkit import BANDIT
+
+    cfg = load_config(BANDIT, ["algo.clip_low=0.1", "algo.clip_high=0.3", "algo.dual_clip=3.0",
+                               "algo.ratio_level=sequence", "algo.aggregation=seq-mean-token-sum",
+                               "algo.kl_beta=0.05", "algo.kl_estimator=k2", "algo.entropy_coef=0.01"])
+    assert loss_spec(cfg.algo) == LossSpec(clip_low=0.1, clip_high=0.3, dual_clip=3.0, ratio_level="sequence",
+                                           aggregation="seq-mean-token-sum", kl_beta=0.05, kl_estimator="k2",
+                                           entropy_coef=0.01)
