@@ -1,0 +1,82 @@
+"""The optimizer step of `mmrl.update` in isolation: grad-norm clipping, skipping non-finite steps and the
+streak that stops a run; and the step totals of the loss normaliser across processes."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import mmrl.update as update
+from mmrl.losses import Normalizer
+
+
+def _run(max_grad_norm: float, max_in_a_row: int = 3, lr: float = 1.0):
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([w], lr=lr)
+    cfg = SimpleNamespace(optim=SimpleNamespace(max_grad_norm=max_grad_norm, max_nonfinite_in_a_row=max_in_a_row))
+    run = SimpleNamespace(accelerator=None, cfg=cfg, optimizer=opt,
+                          scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0))
+    return run, w
+
+
+def _step(run, w, grad, loss=1.0, counters=None):
+    w.grad = torch.tensor(grad)
+    counters = counters if counters is not None else {"skipped": 0, "streak": 0}
+    return update._optimizer_step(run, [w], loss, counters), counters
+
+
+@pytest.mark.parametrize("max_grad_norm, moved", [(0.0, [3.0, 4.0]), (0.5, [0.3, 0.4]), (2.0, [1.2, 1.6]),
+                                                  (10.0, [3.0, 4.0])])
+def test_grad_norm_is_clipped_to_max_grad_norm_and_reported_before_clipping(max_grad_norm, moved):
+    """A gradient of norm 5 moves the weights (SGD, lr 1) by the gradient scaled to max_grad_norm when it is
+    smaller (0.5 and 2.0, also below 1), unclipped when it is larger or 0 (no clipping); the reported norm
+    is the one before clipping, and the gradient is cleared after the step."""
+    run, w = _run(max_grad_norm)
+    norm, counters = _step(run, w, [3.0, 4.0])
+    assert norm == pytest.approx(5.0)
+    torch.testing.assert_close(-w.detach(), torch.tensor(moved))
+    assert w.grad is None and counters == {"skipped": 0, "streak": 0}
+
+
+@pytest.mark.parametrize("grad, loss", [([math.nan, 0.0], 1.0), ([math.inf, 0.0], 1.0), ([1.0, 0.0], math.inf),
+                                        ([1.0, 0.0], math.nan)])
+def test_a_non_finite_gradient_or_loss_skips_the_step(grad, loss):
+    """Either a non-finite gradient norm or a non-finite loss (with a finite gradient) skips the step: the
+    weights stay, the gradient is dropped, and the skip is counted."""
+    run, w = _run(1.0)
+    _, counters = _step(run, w, grad, loss)
+    assert torch.equal(w.detach(), torch.zeros(2)) and w.grad is None
+    assert counters == {"skipped": 1, "streak": 1}
+
+
+def test_the_non_finite_streak_resets_on_a_good_step_and_stops_at_the_limit():
+    """skipped counts every skipped step; streak counts them in a row, is reset by a finite step, and
+    reaching optim.max_nonfinite_in_a_row raises NonFiniteError naming the key."""
+    run, w = _run(1.0, max_in_a_row=3)
+    counters = {"skipped": 0, "streak": 0}
+    seen = []
+    for loss in (math.nan, math.nan, 1.0, math.nan, math.nan):
+        _step(run, w, [0.1, 0.0], loss, counters)
+        seen.append(dict(counters))
+    assert seen == [{"skipped": 1, "streak": 1}, {"skipped": 2, "streak": 2}, {"skipped": 2, "streak": 0},
+                    {"skipped": 3, "streak": 1}, {"skipped": 4, "streak": 2}]
+    with pytest.raises(update.NonFiniteError, match=r"3 optimizer steps in a row .*max_nonfinite_in_a_row=3"):
+        _step(run, w, [0.1, 0.0], math.nan, counters)
+
+
+def test_normalizer_sums_the_step_over_processes_and_divides_by_their_number(monkeypatch):
+    """With two processes (faked: each sees the same microbatch) the normaliser holds the totals of both
+    (sequences and actions summed, not averaged) and the world size, so each process's share of the loss
+    is half the one-process loss and their summed gradients equal its gradient."""
+    def two_ranks(values, op="sum"):
+        factor = {"sum": 2.0, "mean": 1.0, "max": 1.0, "min": 1.0}[op]     # KeyError for any other op
+        return [factor * v for v in values]
+
+    monkeypatch.setattr(update, "all_reduce", two_ranks)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    run = SimpleNamespace(cfg=SimpleNamespace(algo=SimpleNamespace(max_len_norm=None)),
+                          accelerator=SimpleNamespace(num_processes=2))
+    assert update._normalizer(run, mask) == Normalizer(4.0, 6.0, 3.0, 2)
+    run.cfg.algo.max_len_norm = 8
+    assert update._normalizer(run, mask) == Normalizer(4.0, 6.0, 8.0, 2)
