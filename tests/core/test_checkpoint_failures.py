@@ -314,7 +314,7 @@ def test_missing_files_are_listed_and_a_run_directory_gets_a_hint(tmp_path):
 def test_a_mismatch_message_keeps_400_characters_of_the_cause(tmp_path, monkeypatch, length):
     """The library's reason for a mismatch is quoted whole up to 400 characters, cut with '...' beyond."""
     path = _save(tmp_path, 2)
-    cause = "x" * (length - 1) + "y"
+    cause = "x" * (length - 3) + "\n  yy"       # whitespace runs (a multi-line torch error) become one space
 
     def refuse(self, p):
         raise RuntimeError(cause)
@@ -322,20 +322,27 @@ def test_a_mismatch_message_keeps_400_characters_of_the_cause(tmp_path, monkeypa
     monkeypatch.setattr(BanditPolicy, "load", refuse)
     with pytest.raises(checkpoint.IncompatibleCheckpoint) as err:
         checkpoint.load(path, *_objects(0.0))
-    quoted = cause if length <= 400 else cause[:400] + "..."
-    assert f": {quoted}. Resume it with the policy section" in str(err.value)
+    flat = "x" * (length - 3) + " yy"                                           # `length` characters
+    quoted = flat if length <= 400 else flat[:400] + "..."
+    assert str(err.value) == (f"config key 'resume': checkpoint {path!r} does not match policy 'bandit' of "
+                              f"this run: {quoted}. Resume it with the policy section it was trained with (its "
+                              "run's config.yaml), or start a new run in another output_dir")
 
 
 class _NotWeights:
     """An arbitrary pickled object: `torch.load(weights_only=True)` must refuse to run its code."""
 
 
-def test_optimizer_state_is_loaded_as_weights_only(tmp_path):
-    """A checkpoint's optimizer.pt is read with weights_only=True: a file holding arbitrary pickled objects
-    is refused instead of executed."""
+def test_optimizer_and_scheduler_states_are_loaded_as_weights_only(tmp_path):
+    """A checkpoint's optimizer.pt and scheduler.pt are read with weights_only=True: a file holding arbitrary
+    pickled objects is refused instead of executed."""
     import pickle
 
     path = _save(tmp_path, 2)
     torch.save({"state": {}, "param_groups": [], "payload": _NotWeights()}, os.path.join(path, "optimizer.pt"))
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        checkpoint.load(path, *_objects(0.0))
+    path = _save(tmp_path / "again", 2)
+    torch.save({"base_lrs": [0.1], "payload": _NotWeights()}, os.path.join(path, "scheduler.pt"))
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         checkpoint.load(path, *_objects(0.0))
