@@ -195,7 +195,8 @@ def test_prompt_image_token_check_fails_both_ways(make_policy, counting_rows):
 
 def test_batch_image_token_check_fails_both_ways(make_policy, counting_rows):
     """The batch check in collate (vlm/batch.py) also catches both directions, naming the bad row and its
-    counts: a prompt that lost a placeholder (3 for 4 features) and one that gained one (5 for 4)."""
+    counts: a prompt that lost a placeholder (3 for 4 features) and one that gained one (5 for 4); the
+    scoring forward (TokenScorer) runs it too."""
     from vlm.batch import collate, layout_for
 
     policy = make_policy("qwen2_5_vl")
@@ -211,6 +212,11 @@ def test_batch_image_token_check_fails_both_ways(make_policy, counting_rows):
         with pytest.raises(ConfigError, match=rf"row 1 \(data\.train, row 1\) has {n_tokens} placeholder tokens "
                                               r"for 4 feature rows \(1 bad rows\)"):
             collate(items, None, layout_for(items, None), tk.pad_id, tk.image_token_id, "cpu")
+    # the scoring forward runs the same check before the model sees the batch
+    comps = [torch.tensor(tk.stop_ids[:1])] * 2
+    layout = layout_for(items, comps)
+    with pytest.raises(ConfigError, match=r"row 1 \(data\.train, row 1\) has 5 placeholder tokens"):
+        policy.scorer(items, comps, [layout] * 2, layout.width - layout.prompt_width)
 
 
 # ---------------------------------------------------------------- left truncation
