@@ -78,7 +78,8 @@ def test_processor_outputs_are_sorted_by_consumer_and_meta_keeps_the_extra_colum
     the record's extra columns, never prompt, images, answer, system or private `_` keys."""
     import torch
 
-    from vlm.prompts import InputKeys, PromptBuilder
+    from mmrl.config import ConfigError
+    from vlm.prompts import InputKeys, PromptBuilder, PromptOptions
 
     L = 6
     enc = {"input_ids": torch.arange(L)[None], "attention_mask": torch.ones(1, L),
@@ -96,7 +97,12 @@ def test_processor_outputs_are_sorted_by_consumer_and_meta_keeps_the_extra_colum
     assert sorted(item.image_inputs) == ["image_grid_thw"]
     assert sorted(item.encoder_inputs) == ["image_grid_thw", "pixel_values"]
     assert item.meta == {"difficulty": 3, "id": "r7"}
+    assert item.text == "q" and item.row is rec and item.images == ["img"]
     assert not item.truncated and torch.equal(item.input_ids, torch.arange(L))
+    short = PromptBuilder(processor=None, resize=None, keys=keys, protected_ids=frozenset(),
+                          options=PromptOptions(max_prompt_tokens=4))
+    with pytest.raises(ConfigError, match=r"^x, row None: the prompt has 6 tokens"):
+        short._split(enc, rec, images=["img"], resize=[None])
     assert builder._split(enc, rec, images=[], resize=[]).encoder_inputs == {}    # text-only: no encoder call
 
 
