@@ -13,7 +13,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mmrl.advantages import ESTIMATORS, combine, dr_grpo, grpo, grpo_batch_std, reinforce_pp, rloo
+from mmrl.advantages import ESTIMATORS, combine, dr_grpo, grpo, grpo_batch_std, reinforce_pp, rloo, weighted_total
 
 NAN = float("nan")
 FAST = settings(max_examples=60, deadline=None)
@@ -181,6 +181,30 @@ def test_combine_errors():
         combine(s, [1.0, 0.5, 1.0], group_size=3, estimator="grpo", mode="reward_sum")
     with pytest.raises(ValueError, match="6 samples do not split into groups of 4"):
         combine(s, [1.0, 0.5], group_size=4, estimator="grpo", mode="reward_sum")
+    with pytest.raises(ValueError, match=r"algo\.advantage.*grpo"):
+        combine(s, [1.0, 0.5], group_size=3, estimator="ppo", mode="reward_sum")
+    with pytest.raises(ValueError, match="^2 reward columns but 1 weights$"):
+        weighted_total(s, [1.0])
+
+
+@pytest.mark.parametrize("mode", ["reward_sum", "advantage_sum"])
+def test_combine_passes_eps_and_stays_fp32(mode):
+    """combine hands its eps to the estimator (a large eps visibly shrinks GRPO advantages) and computes in
+    fp32 whatever torch's default dtype is."""
+    s = T(SCORES)
+    big = combine(s, [1.0, 0.5], group_size=3, estimator="grpo", mode=mode, eps=10.0)[0]
+    small = combine(s, [1.0, 0.5], group_size=3, estimator="grpo", mode=mode)[0]
+    if mode == "reward_sum":
+        total = s[:, 0] + 0.5 * s[:, 1]
+        close(big.view(2, 3), grpo(total.view(2, 3), eps=10.0))
+    assert big.abs().max() < 0.5 * small.abs().max()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        adv, total = combine(s, [1.0, 0.5], group_size=3, estimator="grpo", mode=mode)
+        assert adv.dtype == total.dtype == weighted_total(s, [1.0, 0.5]).dtype == torch.float32
+    finally:
+        torch.set_default_dtype(default)
 
 
 # ---------------------------------------------------------------- properties

@@ -352,3 +352,18 @@ def test_fresh_features_are_encoded_once_per_prompt_and_equal_the_cached_ones(sc
             rows, row_comps, [layout] * 3, t)
     assert encoded == [id(items[0].encoder_inputs), id(items[1].encoder_inputs)]
     torch.testing.assert_close(fresh, cached, atol=1e-5, rtol=0)
+
+
+def test_block_bias_covers_blocked_ids_inside_the_vocabulary_and_is_not_saved(scoring_case):
+    """Blocked ids at or past the output vocabulary (tokenizer-only added tokens) are ignored, the others get
+    BLOCK_BIAS; the bias is derived state, never part of the saved weights (state_dict)."""
+    from vlm.logprobs import BLOCK_BIAS, TokenScorer
+
+    policy = scoring_case[0]
+    hf, tk = policy.p.model.hf, policy.p.tokens
+    vocab = hf.get_output_embeddings().weight.shape[0]
+    scorer = TokenScorer(hf, [3, vocab - 1, vocab, vocab + 7], 1.0, 4, tk.pad_id, tk.image_token_id, False)
+    assert scorer.block_bias.shape == (vocab,)
+    assert torch.nonzero(scorer.block_bias).flatten().tolist() == [3, vocab - 1]
+    assert scorer.block_bias[3] == BLOCK_BIAS
+    assert not [k for k in scorer.state_dict() if "block_bias" in k]
