@@ -54,6 +54,29 @@ def weird(batch):
     return [1, None, float("nan"), float("inf"), "x"][: len(batch)]
 
 
+def test_numbers_of_every_kind_become_floats():
+    """bool, int, numpy and torch scalars and numeric strings are scores; -inf is unscorable like inf."""
+    import numpy as np
+    import torch
+
+    from rewards.scorer import _as_float
+
+    assert [_as_float(v) for v in (True, False, 3, np.float32(0.5), torch.tensor(2.0), "0.25")] == \
+        [1.0, 0.0, 3.0, 0.5, 2.0, 0.25]
+    assert all(math.isnan(_as_float(v)) for v in (None, float("-inf"), "1e999", [1.0], object()))
+
+
+def a_float(batch):
+    return 1.0
+
+
+def test_a_reward_returning_no_list_stops_training_naming_the_type():
+    rs = RewardSet(parse_specs([{"name": f"{__file__}:a_float", "label": "flat"}]))
+    with pytest.raises(RewardError, match=r"^reward 'flat' returned float scores for 2 samples; a reward must "
+                                          r"return one float or None per sample$"):
+        rs.score(samples(2))
+
+
 def test_too_many_failures_stop_with_the_first_error():
     rs = RewardSet(parse_specs([{"name": f"{__file__}:odd_fails", "label": "odd", "max_fail_frac": 0.25}]))
     with pytest.raises(RewardError, match=r"'odd' failed on 2 of 4 .*ValueError: cannot score"):
@@ -81,6 +104,28 @@ def test_timeout_marks_the_batch_unscorable():
     scores, metrics = rs.score(samples(2))
     assert time.perf_counter() - t0 < 1.5
     assert metrics["reward/slow/failed"] == 2 and all(math.isnan(v) for v in scores[:, 0].tolist())
+
+
+def threaded(batch):
+    import threading
+
+    name = threading.current_thread().name
+    return [1.0 if name.startswith("mmrl-reward") else 0.0 for s in batch]
+
+
+def test_a_reward_under_a_timeout_runs_in_a_named_worker_and_keeps_working_after_one():
+    """With timeout_s a reward that answers in time is scored normally, in the 'mmrl-reward' worker thread;
+    after a call that timed out, the next calls get a fresh worker and score again."""
+    specs = parse_specs([{"name": f"{__file__}:threaded", "timeout_s": 5.0}])
+    rs = RewardSet(specs)
+    scores, metrics = rs.score(samples(3))
+    assert scores[:, 0].tolist() == [1.0, 1.0, 1.0] and metrics["reward/threaded/failed"] == 0
+    rs.fns[0] = slow
+    rs.specs[0] = parse_specs([{"name": f"{__file__}:threaded", "timeout_s": 0.2, "max_fail_frac": 1.0}])[0]
+    rs.score(samples(2))                                        # times out; its thread is left to finish
+    rs.fns[0], rs.specs[0] = threaded, specs[0]
+    scores, _ = rs.score(samples(2))
+    assert scores[:, 0].tolist() == [1.0, 1.0]
 
 
 def test_register_decorator_plain_and_factory():
