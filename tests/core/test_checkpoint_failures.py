@@ -346,3 +346,25 @@ def test_optimizer_and_scheduler_states_are_loaded_as_weights_only(tmp_path):
     torch.save({"base_lrs": [0.1], "payload": _NotWeights()}, os.path.join(path, "scheduler.pt"))
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         checkpoint.load(path, *_objects(0.0))
+
+
+def test_a_weights_write_error_names_the_file_and_saving_a_step_again_leaves_nothing_aside(tmp_path, monkeypatch):
+    """safetensors' own write error becomes a CheckpointError naming the weights file being written; saving
+    an existing step again (after a resume) replaces it and leaves no `.old_` folder behind."""
+    from safetensors import SafetensorError
+
+    root = tmp_path / "checkpoints"
+    _save(root, 2)
+
+    def full(self, path):
+        raise SafetensorError("No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(BanditPolicy, "save", full)
+        with pytest.raises(CheckpointError) as err:
+            _save(root, 4)
+    tmp_weights = os.path.join(str(root), f".tmp_{STEP4}_{os.getpid()}", "policy.safetensors")
+    assert f"cannot write {tmp_weights!r}: No space left on device" in str(err.value)
+    _save(root, 2, value=7.0)
+    assert sorted(os.listdir(root)) == ["latest", STEP2]
+    _assert_loads(root / STEP2, 2, 7.0)

@@ -196,3 +196,43 @@ def test_a_failure_is_logged_once_per_reward_and_error_type_with_what_failed(cap
     assert [r.getMessage() for r in caplog.records] == [
         "reward 'odd' failed on a sample: TimeoutError: slow (further TimeoutError errors of this reward are "
         "counted, not logged)"]
+
+
+def nones(batch):
+    return [None] * len(batch)
+
+
+def test_failure_messages_say_what_failed(caplog):
+    """A timeout is logged naming the batch's first sample; a reward that only returns None stops with no
+    'first error' clause; a per-sample retry that returns the wrong length still stops training."""
+    rs = RewardSet(parse_specs([{"name": f"{__file__}:slow", "timeout_s": 0.2, "max_fail_frac": 1.0}]))
+    with caplog.at_level("WARNING", logger="mmrl.rewards"):
+        rs.score(samples(2))
+    assert [r.getMessage() for r in caplog.records] == [
+        "reward 'slow' failed on sample 0: TimeoutError: reward 'slow' took longer than timeout_s=0.2 (further "
+        "TimeoutError errors of this reward are counted, not logged)"]
+    with pytest.raises(RewardError) as err:
+        RewardSet(parse_specs([{"name": f"{__file__}:nones"}])).score(samples(2))
+    assert str(err.value) == "reward 'nones' failed on 2 of 2 samples (more than max_fail_frac=0.5)"
+
+    def batch_fails_then_too_many(batch):
+        if len(batch) > 1:
+            raise ValueError("batch")
+        return [1.0, 2.0]
+
+    rs = RewardSet(parse_specs([{"name": "format", "label": "retry"}]))
+    rs.fns[0] = batch_fails_then_too_many
+    with pytest.raises(RewardError, match="^reward 'retry' returned 2 scores for 1 samples"):
+        rs.score(samples(2))
+
+
+def test_scores_are_fp32_whatever_the_default_dtype():
+    import torch
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        scores, _ = RewardSet(parse_specs([{"name": f"{__file__}:odd_fails", "max_fail_frac": 1.0}])).score(samples(3))
+    finally:
+        torch.set_default_dtype(default)
+    assert scores.dtype == torch.float32 and scores.shape == (3, 1)
