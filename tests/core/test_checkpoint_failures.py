@@ -368,3 +368,29 @@ def test_a_weights_write_error_names_the_file_and_saving_a_step_again_leaves_not
     _save(root, 2, value=7.0)
     assert sorted(os.listdir(root)) == ["latest", STEP2]
     _assert_loads(root / STEP2, 2, 7.0)
+
+
+def test_keep_last_prunes_old_steps_and_killed_writes_of_other_processes(tmp_path, monkeypatch):
+    """save keeps the newest `keep_last` steps (2 by default, at least 1) and removes `.tmp_` leftovers of
+    other processes, never a temporary of its own process; a first write that fails says no earlier
+    checkpoint exists."""
+    root = tmp_path / "checkpoints"
+    objs = _objects(1.0)
+    for step in (1, 2, 3):
+        checkpoint.save(str(root), step, *objs, {})
+    assert sorted(os.listdir(root)) == ["latest", "step_000002", "step_000003"]
+    os.makedirs(root / ".tmp_step_000009_999999")                        # a killed writer's leftover
+    os.makedirs(root / f".tmp_mine_{os.getpid()}")                        # this process's: kept
+    checkpoint.save(str(root), 4, *objs, {}, keep_last=1)
+    assert sorted(os.listdir(root)) == [f".tmp_mine_{os.getpid()}", "latest", "step_000004"]
+    checkpoint.save(str(root), 5, *objs, {}, keep_last=0)
+    assert sorted(os.listdir(root)) == [f".tmp_mine_{os.getpid()}", "latest", "step_000005"]
+
+    def refuse(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(BanditPolicy, "save", refuse)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.save(str(tmp_path / "fresh"), 1, *objs, {})
+    assert str(err.value).endswith(". The partial write was removed; no earlier checkpoint exists. Free disk "
+                                   "space or make the folder writable, then run again")
