@@ -80,3 +80,45 @@ def test_normalizer_sums_the_step_over_processes_and_divides_by_their_number(mon
     assert update._normalizer(run, mask) == Normalizer(4.0, 6.0, 3.0, 2)
     run.cfg.algo.max_len_norm = 8
     assert update._normalizer(run, mask) == Normalizer(4.0, 6.0, 8.0, 2)
+
+
+def _bandit_step(tmp_path, n_prompts: int, *overrides):
+    from helpers import bandit_cfg
+
+    from mmrl.collect import StepBatch
+    from mmrl.trainer import setup
+    from mmrl.types import PromptBatch, select
+
+    run = setup(bandit_cfg(tmp_path, "eval.every=0", "checkpoint.every=0", *overrides))
+    k = max(n_prompts, 1)
+    ro = run.policy.rollout(PromptBatch(rows=run.records[:k], index=list(range(k)), seeds=list(range(k)), step=0),
+                            group_size=2)
+    ro = select(ro, torch.arange(2 * n_prompts))
+    n = len(ro)
+    return run, StepBatch(ro, torch.zeros(n, 1), torch.zeros(n), torch.linspace(-1, 1, n), {})
+
+
+def test_update_skips_an_empty_batch_and_trains_a_batch_of_one_group(tmp_path):
+    """An empty step batch (every group filtered out) reports update/skipped_empty = 1 and changes nothing;
+    a batch of a single group trains (loss and grad_norm reported)."""
+    run, empty = _bandit_step(tmp_path / "a", 0)
+    before = [p.detach().clone() for p in run.params]
+    metrics = update.update(run, empty, 1)
+    assert list(metrics) == ["update/skipped_empty"] and metrics["update/skipped_empty"].value == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, run.params, strict=True))
+    run, one = _bandit_step(tmp_path / "b", 1)
+    metrics = update.update(run, one, 1)
+    assert "update/skipped_empty" not in metrics and metrics["grad_norm"].value > 0
+
+
+def test_update_shuffles_microbatches_with_its_own_seeded_generator(tmp_path):
+    """The microbatch order comes from a generator seeded by (seed, step), not from the global RNG: the same
+    step trains bit for bit the same whatever the global RNG state is."""
+    results = []
+    for draw in (0, 5):
+        run, batch = _bandit_step(tmp_path / f"r{draw}", 4, "train.samples_per_microbatch=2",
+                                  "train.grad_accum_steps=1", "train.update_epochs=2")
+        torch.manual_seed(draw)
+        update.update(run, batch, 3)
+        results.append([p.detach().clone() for p in run.params])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
