@@ -210,3 +210,20 @@ def test_policy_name_in_errors_names_the_policy_and_its_model():
     assert checkpoint._policy_name(WithModel()) == "'vlm' (model Qwen/Qwen2.5-VL-3B-Instruct)"
     assert checkpoint._policy_name(NoModel()) == "'bandit'"
     assert checkpoint._policy_name(Bare()) == "'Bare'"
+
+
+def test_clean_stale_goes_on_after_a_temporary_it_cannot_put_back(tmp_path, monkeypatch):
+    """A rename that fails (another process got there first) skips that temporary, not the rest."""
+    dead = _dead_pid()
+    for step in (5, 6):
+        os.makedirs(tmp_path / f"step_00000{step}.old_{dead}")
+    real = os.rename
+
+    def rename(src, dst):
+        if "step_000005" in str(src):
+            raise OSError(errno.EEXIST, "taken")
+        return real(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "rename", rename)
+    assert checkpoint.clean_stale(str(tmp_path)) == [f"step_000006.old_{dead}"]
+    assert sorted(os.listdir(tmp_path)) == [f"step_000005.old_{dead}", "step_000006"]

@@ -61,7 +61,9 @@ def test_the_non_finite_streak_resets_on_a_good_step_and_stops_at_the_limit():
         seen.append(dict(counters))
     assert seen == [{"skipped": 1, "streak": 1}, {"skipped": 2, "streak": 2}, {"skipped": 2, "streak": 0},
                     {"skipped": 3, "streak": 1}, {"skipped": 4, "streak": 2}]
-    with pytest.raises(update.NonFiniteError, match=r"3 optimizer steps in a row .*max_nonfinite_in_a_row=3"):
+    with pytest.raises(update.NonFiniteError, match=r"3 optimizer steps in a row .*max_nonfinite_in_a_row=3\); "
+                                                    r"stopping\. The last checkpoint is intact; try a lower "
+                                                    r"optim\.lr or optim\.max_grad_norm\.$"):
         _step(run, w, [0.1, 0.0], math.nan, counters)
 
 
@@ -109,6 +111,15 @@ def test_update_skips_an_empty_batch_and_trains_a_batch_of_one_group(tmp_path):
     run, one = _bandit_step(tmp_path / "b", 1)
     metrics = update.update(run, one, 1)
     assert "update/skipped_empty" not in metrics and metrics["grad_norm"].value > 0
+    assert metrics["optim/lr"].value == pytest.approx(run.scheduler.get_last_lr()[0])
+
+
+def test_samples_per_optimizer_step():
+    """samples_per_microbatch * grad_accum_steps, down to a single sample; all of them with accumulation 0."""
+    def per_opt(mb, accum, n):
+        return update.samples_per_optimizer_step(SimpleNamespace(samples_per_microbatch=mb, grad_accum_steps=accum), n)
+
+    assert (per_opt(1, 1, 8), per_opt(2, 3, 8), per_opt(4, 0, 8)) == (1, 6, 8)
 
 
 def test_update_shuffles_microbatches_with_its_own_seeded_generator(tmp_path):
