@@ -5,6 +5,7 @@ LossSpec the update builds from the `algo:` config keys."""
 
 import math
 
+import pytest
 import torch
 
 from mmrl.losses import LossSpec, clipped_surrogate, policy_loss
@@ -121,3 +122,30 @@ def test_loss_spec_takes_every_algo_key_from_the_config():
     assert loss_spec(cfg.algo) == LossSpec(clip_low=0.1, clip_high=0.3, dual_clip=3.0, ratio_level="sequence",
                                            aggregation="seq-mean-token-sum", kl_beta=0.05, kl_estimator="k2",
                                            entropy_coef=0.01)
+
+
+def test_policy_loss_passes_dual_clip_and_ratio_level_and_masks_its_metrics():
+    """policy_loss hands algo.dual_clip and algo.ratio_level to the surrogate (its loss equals the surrogate's
+    aggregated by hand); kl and entropy metrics are means over the mask only (masked positions may hold
+    anything); pg_loss is weighted by tokens for token-mean and by sequences otherwise."""
+    from mmrl.losses import aggregate
+
+    logp = torch.tensor([[0.0, 1.5, 0.3], [0.2, -0.4, 9.0]])            # [2, 3]
+    old = torch.zeros(2, 3)
+    adv = torch.tensor([-1.0, 0.5])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    ref = torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.0, 50.0]])
+    ent = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 100.0]])
+    for spec in (LossSpec(dual_clip=3.0), LossSpec(ratio_level="sequence"),
+                 LossSpec(dual_clip=3.0, ratio_level="sequence", aggregation="seq-mean-token-mean")):
+        loss, metrics = policy_loss(Scores(logp, entropy=ent), old, adv, mask, None, spec)
+        l, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=spec.dual_clip,
+                                 level=spec.ratio_level)
+        torch.testing.assert_close(loss, aggregate(l, mask, spec.aggregation))
+        assert float(metrics["pg_loss"].weight) == (5.0 if spec.aggregation == "token-mean" else 2.0)
+        assert float(metrics["entropy"].value) == 3.0                  # (1+2+3+4+5) / 5
+    plain, _ = policy_loss(Scores(logp), old, adv, mask, None, LossSpec())
+    assert abs(float(plain) - float(policy_loss(Scores(logp), old, adv, mask, None, LossSpec(dual_clip=3.0))[0])) > 1e-3
+    _, metrics = policy_loss(Scores(logp), old, adv, mask, ref, LossSpec(kl_beta=0.1, kl_estimator="k1"))
+    expected_kl = float(((logp - ref) * mask).sum() / 5)
+    assert float(metrics["kl"].value) == pytest.approx(expected_kl) and float(metrics["kl"].weight) == 5.0
