@@ -236,3 +236,13 @@ def test_scores_are_fp32_whatever_the_default_dtype():
     finally:
         torch.set_default_dtype(default)
     assert scores.dtype == torch.float32 and scores.shape == (3, 1)
+
+
+def scaled(batch, factor=1.0):
+    return [factor] * len(batch)
+
+
+def test_reward_keyword_arguments_reach_the_reward():
+    """Keys of a `rewards:` entry that are not reserved are the reward's keyword arguments."""
+    scores, _ = RewardSet(parse_specs([{"name": f"{__file__}:scaled", "factor": 3.0}])).score(samples(2))
+    assert scores[:, 0].tolist() == [3.0, 3.0]
