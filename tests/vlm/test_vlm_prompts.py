@@ -106,12 +106,16 @@ def test_processor_outputs_are_sorted_by_consumer_and_meta_keeps_the_extra_colum
     assert builder._split(enc, rec, images=[], resize=[]).encoder_inputs == {}    # text-only: no encoder call
 
 
-def _truncating_builder(limit: int, truncation: str):
+def _bare_builder(**options):
+    """A PromptBuilder without a processor, for the steps that need none (record checks, keep masks)."""
     from vlm.prompts import InputKeys, PromptBuilder, PromptOptions
 
     return PromptBuilder(processor=None, resize=None, keys=InputKeys(frozenset(), frozenset()),
-                         protected_ids=frozenset({0, 9}), options=PromptOptions(max_prompt_tokens=limit,
-                                                                                truncation=truncation))
+                         protected_ids=frozenset({0, 9}), options=PromptOptions(**options))
+
+
+def _truncating_builder(limit: int, truncation: str):
+    return _bare_builder(max_prompt_tokens=limit, truncation=truncation)
 
 
 def test_keep_mask_at_the_limits():
@@ -149,11 +153,7 @@ def test_record_without_an_answer_is_refused_only_when_answers_are_required():
     row = {"prompt": "Describe the picture.", "images": []}
     with pytest.raises(ConfigError, match="missing answer"):
         _truncating_builder(64, "error").record(row)
-    from vlm.prompts import InputKeys, PromptBuilder, PromptOptions
-
-    lenient = PromptBuilder(processor=None, resize=None, keys=InputKeys(frozenset(), frozenset()),
-                            protected_ids=frozenset(), options=PromptOptions(require_answer=False))
-    assert lenient.record(row)["prompt"] == "Describe the picture."
+    assert _bare_builder(require_answer=False).record(row)["prompt"] == "Describe the picture."
 
 
 class _SpyProcessor:
