@@ -45,6 +45,7 @@ def _registered(key: str, value: str, registry) -> None:
 
 def check_algo(cfg: Config) -> None:
     from mmrl.advantages import ESTIMATORS
+    from mmrl.credit import CREDITS
     from mmrl.filtering import FILTERS
     from mmrl.losses import AGGREGATIONS, KL_ESTIMATORS
 
@@ -67,6 +68,12 @@ def check_algo(cfg: Config) -> None:
     at_least("algo.max_resample_rounds", a.max_resample_rounds, 0)
     if a.max_len_norm is not None:
         at_least("algo.max_len_norm", a.max_len_norm, 1)
+    one_of("algo.credit", a.credit, CREDITS)
+    within("algo.turn_gamma", a.turn_gamma, 0, 1)
+    at_least("algo.turn_weight", a.turn_weight, 0)
+    if a.credit != "trajectory" and cfg.env is None:
+        raise ConfigError(f"config key 'algo.credit' is {a.credit!r}, a turn-level credit for multi-turn episodes; "
+                          "it needs an env section (single-turn runs use algo.credit=trajectory)")
     if a.best_worst_k and not 1 <= a.best_worst_k <= g // 2:
         raise ConfigError(f"config key 'algo.best_worst_k' must be 0 (keep all) or between 1 and "
                           f"train.group_size/2 = {g // 2}, got {a.best_worst_k}")
@@ -141,10 +148,44 @@ def check_rewards(cfg: Config) -> None:
         raise ConfigError(str(e)) from None
 
 
+OBSERVATIONS = ("image", "text", "both")      # env.observation
+
+
+def check_env(cfg: Config) -> None:
+    """The `env:` section: ranges, the environment reference (resolved, not built), and that the policy
+    runs episodes; episodes replace `data`."""
+    from envs import check_env as check_reference
+    from mmrl.policies import validate_episodes
+
+    e = cfg.env
+    if e is None:
+        return
+    at_least("env.max_turns", e.max_turns, 1)
+    one_of("env.observation", e.observation, OBSERVATIONS)
+    at_least("env.history_turns", e.history_turns, 0, " (0 = all turns)")
+    at_least("env.train_seeds", e.train_seeds, 1)
+    if e.eval_seed_start < e.train_seeds:
+        raise ConfigError(f"config key 'env.eval_seed_start' ({e.eval_seed_start}) must be >= env.train_seeds "
+                          f"({e.train_seeds}): held-out episodes may not reuse training seeds")
+    try:
+        validate_episodes(cfg.policy, e)
+        check_reference(e.name, e.kwargs, "env.name")
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if cfg.data.train or cfg.data.eval:
+        raise ConfigError("config keys 'data.train' / 'data.eval' are not used with an env section: training "
+                          "episodes come from seeds 0..env.train_seeds-1 and held-out ones from env.eval_seed_start; "
+                          "remove the data section")
+
+
 def check_data(cfg: Config) -> None:
     from mmrl.data import check_source
 
     d = cfg.data
+    if cfg.env is not None:
+        return                       # episodes (check_env)
     if not d.train:
         raise ConfigError("config key 'data.train' is empty: name a .jsonl/.json/.parquet file or 'module:function'")
     check_source(d.train, d.train_kwargs, "data.train")
@@ -161,5 +202,6 @@ def check_all(cfg: Config) -> None:
     check_sizes(cfg)
     check_algo(cfg)
     check_policy(cfg)
+    check_env(cfg)
     check_data(cfg)
     check_rewards(cfg)

@@ -14,6 +14,8 @@ import torch
 from mmrl.advantages import combine, weighted_total
 from mmrl.data import prompt_seed
 from mmrl.dist import all_reduce
+from mmrl.credit import token_advantages
+from mmrl.episodes import episode_metrics
 from mmrl.filtering import FILTERS, best_and_worst
 from mmrl.reduce import Metric, mean, summed, weighted_mean
 from mmrl.types import PromptBatch, Rollout, concat, select
@@ -26,6 +28,7 @@ class StepBatch:
     reward: torch.Tensor       # [N] weighted sum of the rewards
     advantages: torch.Tensor   # [N]
     metrics: dict[str, Metric]  # of the first rollout round, each with its reduction
+    action_advantages: torch.Tensor | None = None  # [N, T] per-action advantages (turn-level credit), else None
 
 
 # The reward scorer (rewards/scorer.py) reports plain numbers, as `rewards` may not import
@@ -99,6 +102,8 @@ def collect(run, step: int) -> StepBatch:
             first_metrics["reward/mean"] = weighted_mean(reward_mean, valid.numel())
             signal = FILTERS.resolve("dynamic")(_groups(total, g))          # [P] groups with spread
             first_metrics["adv/zero_std_frac"] = mean(1.0 - float(signal.float().mean()))
+            if cfg.env is not None:                                       # multi-turn agents
+                first_metrics.update(episode_metrics(rollout.samples, total, g))
         idx = torch.nonzero(keep.repeat_interleave(g)).squeeze(1)        # [n_keep * G]
         kept_rollouts.append(select(rollout, idx))
         kept_scores.append(scores[idx])
@@ -118,4 +123,7 @@ def collect(run, step: int) -> StepBatch:
                           mode=a.reward_combine, eps=a.adv_eps, clip=a.adv_clip)
     first_metrics.update({"filter/kept_groups": mean(n_common), "filter/rounds": mean(rnd + 1),
                           "adv/abs_mean": mean(float(adv.abs().mean()) if adv.numel() else 0.0)})
-    return StepBatch(rollout, scores, reward, adv, first_metrics)
+    per_action = None
+    if a.credit != "trajectory":                                         # turn-level credit (mmrl.credit)
+        per_action = token_advantages(rollout.samples, adv, reward, g, rollout.mask.shape[1], a)   # [N, T]
+    return StepBatch(rollout, scores, reward, adv, first_metrics, per_action)

@@ -69,6 +69,9 @@ class AlgoConfig:
     filter_keep_frac: float = 0.5         # starpo: fraction of groups kept
     max_resample_rounds: int = 3          # dynamic: extra rollout rounds to fill the step
     best_worst_k: int = 0                 # keep the k best and k worst samples of each group (2k of G; DanceGRPO); 0 = all
+    credit: str = "trajectory"            # episodes (env section): trajectory (StarPO) | turn_index | state (GiGPO); mmrl/credit.py
+    turn_gamma: float = 1.0               # discount of the per-turn returns (turn_index / state credit)
+    turn_weight: float = 1.0              # weight of the turn-level advantage added to the trajectory's (GiGPO's omega)
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,22 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class EnvConfig:
+    """The `env:` section (multi-turn agents; `mmrl.episodes`). Keys not listed here are the
+    environment's own keyword arguments (`kwargs`), e.g. `env: {name: frozenlake, size: 4}`."""
+
+    name: str = ""                        # registered environment (bandit | frozenlake | sokoban), gym:<id>, or module:attr / file.py:attr
+    max_turns: int = 5                    # model replies per episode; an episode still running then ends as truncated
+    observation: str = "both"             # what the model is shown of each observation: image | text | both
+    history_turns: int = 0                # earlier turns kept in the prompt: 0 = all (one forward per trajectory), K = the last K
+    invalid_action_reward: float = -0.1   # reward of a reply whose action does not parse (the episode goes on; RAGEN's format penalty)
+    instructions: Optional[str] = None    # task text shown at the start; None = the environment's `instructions`
+    train_seeds: int = 100_000            # training episodes use environment seeds 0 .. train_seeds-1
+    eval_seed_start: int = 1_000_000      # held-out episodes use seeds eval_seed_start .. + eval.max_prompts - 1 (disjoint)
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # the environment's keyword arguments (the section's other keys)
+
+
+@dataclass(frozen=True)
 class Config:
     output_dir: str = "runs/default"      # run directory: config.yaml, metrics.jsonl, checkpoints/, samples/
     seed: int = 0
@@ -103,6 +122,7 @@ class Config:
     cpu: bool = False                     # force CPU even where a GPU is present
     policy: Any = None                    # the adapter's section: `name` plus its own fields
     rewards: List[Any] = field(default_factory=list)  # [{name, weight, label, timeout_s, max_fail_frac, **kwargs}]
+    env: Any = None                       # EnvConfig: episodes of an environment instead of `data` prompts (multi-turn agents)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -182,6 +202,30 @@ def _check_renamed(layers) -> None:
 
 
 _ABSENT = object()
+ENV_KEYS = tuple(f.name for f in dataclasses.fields(EnvConfig) if f.name != "kwargs")
+
+
+def _env_section(raw) -> "EnvConfig | None":
+    """The `env:` mapping -> EnvConfig: its own keys typed and checked, every other key an argument
+    of the environment (`kwargs`)."""
+    if raw is None:
+        return None
+    if not OmegaConf.is_dict(raw) or "name" not in raw:
+        raise ConfigError("config section 'env' must be a mapping with a 'name' (e.g. env.name=frozenlake)")
+    plain = OmegaConf.to_container(raw, resolve=True)
+    nested = plain.pop("kwargs", None) or {}       # the form config.yaml is written in
+    if not isinstance(nested, dict):
+        raise ConfigError(f"config key 'env.kwargs' must be a mapping of the environment's arguments, got {nested!r}")
+    both = sorted(set(nested) & set(plain))
+    if both:
+        raise ConfigError(f"config keys {', '.join(f'env.{k}' for k in both)} are given both directly and under env.kwargs")
+    own = {k: v for k, v in plain.items() if k in ENV_KEYS}
+    node = _merge(EnvConfig, OmegaConf.create(own), prefix="env.")
+    try:
+        env = OmegaConf.to_object(node)
+    except OmegaConfBaseException as e:
+        raise _explain(e, EnvConfig, "env.") from None
+    return dataclasses.replace(env, kwargs={**nested, **{k: v for k, v in plain.items() if k not in ENV_KEYS}})
 
 
 def load_config(path: str | None, overrides: list[str] = ()) -> Config:
@@ -201,14 +245,16 @@ def load_config(path: str | None, overrides: list[str] = ()) -> Config:
     except ValueError as e:  # the registry's message names the key and the valid names
         raise ConfigError(str(e)) from None
     policy_node = _merge(policy_cls, policy_raw, prefix="policy.")
+    env = _env_section(merged.env)
     OmegaConf.set_readonly(merged, False)
     merged.policy = None
+    merged.env = None
     try:
         cfg = OmegaConf.to_object(merged)
         policy = OmegaConf.to_object(policy_node)
     except OmegaConfBaseException as e:
         raise _explain(e, Config) from None
-    cfg = dataclasses.replace(cfg, policy=policy)
+    cfg = dataclasses.replace(cfg, policy=policy, env=env)
     check_all(cfg)
     return cfg
 

@@ -20,10 +20,12 @@ def header(cfg, start_step: int = 0) -> str:
     """Two lines: run directory, policy and model, steps and batch; where the config went."""
     name, model = getattr(cfg.policy, "name", "?"), getattr(cfg.policy, "model", "")
     steps = f"{cfg.max_steps} steps" + (f" (resuming after step {start_step})" if start_step else "")
-    t = cfg.train
-    evals = f"held-out eval every {cfg.eval.every} steps" if cfg.eval.every > 0 and cfg.data.eval else "no eval"
+    t, env = cfg.train, getattr(cfg, "env", None)
+    held_out = cfg.data.eval or env is not None
+    evals = f"held-out eval every {cfg.eval.every} steps" if cfg.eval.every > 0 and held_out else "no eval"
+    unit = f"environment {env.name} seeds x {t.group_size} trajectories" if env else f"prompts x {t.group_size} samples"
     return (f"mmrl: run {cfg.output_dir} | policy {name}{f' (model {model})' if model else ''} | {steps} of "
-            f"{t.prompts_per_step} prompts x {t.group_size} samples | {evals}\n"
+            f"{t.prompts_per_step} {unit} | {evals}\n"
             f"mmrl: config written to {os.path.join(cfg.output_dir, 'config.yaml')}")
 
 

@@ -10,8 +10,22 @@ import torch
 
 from mmrl.advantages import weighted_total
 from mmrl.data import eval_seed
-from mmrl.samples import write_samples
+from mmrl.episodes import EpisodeMeta, eval_success
+from mmrl.samples import write_samples, write_strip
 from mmrl.types import PromptBatch
+
+
+def _episode_strip(path: str, sample) -> None:
+    """The first held-out episode as an image strip: each observation with the move made from it, then the
+    final observation (`episode_strip` in the samples folder; before_after.png compares the first and last)."""
+    meta = sample.meta
+    final = meta.get(EpisodeMeta.FINAL_IMAGE)
+    images = list(sample.images) + ([final] if final is not None else [])
+    if not images:
+        return
+    moves = [a if a is not None else "(invalid)" for a in meta.get(EpisodeMeta.ACTIONS, [])]
+    end = "solved" if meta.get(EpisodeMeta.SUCCESS) else "not solved"
+    write_strip(path, images, moves + [end])
 
 
 def evaluate(run, step: int) -> dict:
@@ -30,7 +44,12 @@ def evaluate(run, step: int) -> dict:
     valid = total[~torch.isnan(total)]
     out = {f"eval/{k}": v for k, v in metrics.items()}
     out["eval/reward/mean"] = float(valid.mean()) if valid.numel() else math.nan
+    success = eval_success(samples) if cfg.env is not None else None
+    if success is not None:
+        out["eval/success"] = success
     if run.accelerator.is_main_process:
         path = os.path.join(cfg.output_dir, "samples", f"eval_step_{step:06d}.jsonl")
         write_samples(path, samples, scores, run.rewards.labels)
+        if cfg.env is not None and samples:
+            _episode_strip(os.path.splitext(path)[0] + "_episode.png", samples[0])
     return out

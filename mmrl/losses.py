@@ -103,7 +103,8 @@ def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float
                       dual_clip: float | None = None, level: str = "token"):
     """Per-action PPO/GRPO loss l = -min(r A, clip(r, 1-eps_low, 1+eps_high) A).
 
-    adv: [n] one advantage per sample. level "token": r per action; "sequence" (GSPO,
+    adv: [n] one advantage per sample, or [n, T] one per action (turn-level credit, `mmrl.credit`).
+    level "token": r per action; "sequence" (GSPO,
     arXiv 2507.18071): s = exp(mean_t(logp - old)) over the mask, shared by the sequence.
     dual_clip c: for A < 0, l = min(l, -c A). Returns (l [n, T], metrics declared per token).
     """
@@ -115,7 +116,7 @@ def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float
     elif level != "token":
         raise ValueError(f"unknown algo.ratio_level {level!r}; valid: token, sequence")
     r = torch.exp(log_r)                                            # [n, T]
-    a = adv.float()[:, None].expand_as(r)                           # [n, T]
+    a = adv.float()[:, None].expand_as(r) if adv.dim() == 1 else adv.float()   # [n, T]
     unclipped = -r * a
     clipped = -r.clamp(1 - clip_low, 1 + clip_high) * a
     l = torch.maximum(unclipped, clipped)                           # [n, T]

@@ -5,6 +5,8 @@ An adapter is a module (or any object) with
     build(cfg, ctx) -> Policy   builds the policy (loads models); `ctx` is a `BuildContext`
     validate(cfg)               optional: pure checks of the section (no model loaded), raising
                                 ValueError naming the key; run when the config is loaded
+    validate_episodes(cfg, env) present when the adapter runs environment episodes (`env:` section):
+                                checks that the policy section can run them, raising ValueError
 `policy.name` is a registered name (below; imported only when a config asks for it, so the core
 never imports an adapter at module level) or a reference 'package.module:attr' /
 'path/to/file.py:attr' to a third-party adapter, which needs no edit of mmrl.
@@ -35,6 +37,7 @@ class BuildContext:
     precision: str         # fp32 | bf16 | fp16
     accelerator: Any = None
     kl_beta: float = 0.0   # algo.kl_beta: adapters build no reference when it is 0
+    env: Any = None        # the `env:` section (mmrl.config.EnvConfig) of a multi-turn agent run, else None
 
 
 def adapter(name: str):
@@ -57,6 +60,15 @@ def validate_policy(cfg) -> None:
     check = getattr(adapter(cfg.name), "validate", None)
     if check is not None:
         check(cfg)
+
+
+def validate_episodes(cfg, env) -> None:
+    """Whether the adapter of `cfg` can run the episodes of the `env:` section (ValueError if not)."""
+    check = getattr(adapter(cfg.name), "validate_episodes", None)
+    if check is None:
+        raise ValueError(f"config section 'env': policy {cfg.name!r} does not run environment episodes "
+                         "(multi-turn agents run with policy.name=vlm); remove the env section")
+    check(cfg, env)
 
 
 def build_policy(cfg, ctx: BuildContext):

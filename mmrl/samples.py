@@ -33,6 +33,20 @@ def write_grid(path: str, images: list, columns: int = 8) -> None:
     grid.save(path)
 
 
+def write_strip(path: str, images: list, captions: list[str], side: int = 112) -> None:
+    """Save PIL images side by side (each resized to side x side, nearest) with a caption under each:
+    one episode's observations and the move made from each."""
+    from PIL import Image, ImageDraw
+
+    pad = 14
+    strip = Image.new("RGB", (len(images) * (side + 4), side + pad), "white")
+    draw = ImageDraw.Draw(strip)
+    for i, (im, caption) in enumerate(zip(images, captions)):
+        strip.paste(im.convert("RGB").resize((side, side), Image.NEAREST), (i * (side + 4), 0))
+        draw.text((i * (side + 4) + 2, side + 1), caption[:18], fill="black")
+    strip.save(path)
+
+
 def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[str],
                   advantages: torch.Tensor | None = None) -> None:
     image_dir = os.path.splitext(path)[0]

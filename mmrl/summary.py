@@ -80,12 +80,16 @@ def _cell(value) -> str:
 
 def before_after(run_dir: str) -> str | None:
     """Compare the first and last evaluations: `before_after.png` (both image grids, one
-    above the other) when outputs are images, else `before_after.md` (a table of answers)."""
+    above the other) when outputs are images or episodes (the first held-out episode's strip),
+    else `before_after.md` (a table of answers)."""
     files = _eval_files(run_dir)
     if len(files) < 2:
         return None
     first, last = files[0], files[-1]
-    grids = [os.path.splitext(p)[0] + "_grid.png" for p in (first, last)]
+    for suffix in ("_grid.png", "_episode.png"):                  # generated images, or an agent's episode strips
+        grids = [os.path.splitext(p)[0] + suffix for p in (first, last)]
+        if all(os.path.isfile(g) for g in grids):
+            break
     if all(os.path.isfile(g) for g in grids):
         from PIL import Image, ImageDraw
 

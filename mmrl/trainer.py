@@ -16,7 +16,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from mmrl import checkpoint
+from mmrl import checkpoint, episodes
 from mmrl.collect import collect
 from mmrl.config import Config, ConfigError, to_yaml
 from mmrl.console import header
@@ -100,6 +100,17 @@ def _resume_path(cfg: Config, ckpt_dir: str) -> str | None:
     return path
 
 
+def _records(cfg: Config) -> tuple[list, list | None]:
+    """Training and held-out records: the data sources, or the environment's episode seeds."""
+    if cfg.env is not None:
+        held_out = episodes.eval_records(cfg.env, cfg.eval.max_prompts) if cfg.eval.every > 0 else None
+        return episodes.train_records(cfg.env), held_out
+    records = load_records(cfg.data.train, cfg.data.train_kwargs, "data.train")
+    eval_records = (load_records(cfg.data.eval, cfg.data.eval_kwargs, "data.eval")
+                    if cfg.data.eval and cfg.eval.every > 0 else None)
+    return records, eval_records
+
+
 def setup(cfg: Config) -> Run:
     from rewards.scorer import RewardSet, parse_specs
 
@@ -114,10 +125,8 @@ def setup(cfg: Config) -> Run:
         rewards = RewardSet(parse_specs(list(cfg.rewards)))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    records = load_records(cfg.data.train, cfg.data.train_kwargs, "data.train")
-    eval_records = (load_records(cfg.data.eval, cfg.data.eval_kwargs, "data.eval")
-                    if cfg.data.eval and cfg.eval.every > 0 else None)
-    ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc, cfg.algo.kl_beta)
+    records, eval_records = _records(cfg)
+    ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc, cfg.algo.kl_beta, cfg.env)
     try:
         policy = build_policy(cfg.policy, ctx)
     except ConfigError:

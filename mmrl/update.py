@@ -77,7 +77,8 @@ def update(run, batch, step: int) -> dict[str, Metric]:
     """Optimise the policy on one step's batch; returns the update metrics, merged over
     this process's microbatches (the trainer merges processes)."""
     cfg, acc, policy = run.cfg, run.accelerator, run.policy
-    ro, adv = batch.rollout, batch.advantages.to(acc.device)
+    ro = batch.rollout
+    adv = (batch.advantages if batch.action_advantages is None else batch.action_advantages).to(acc.device)  # [N] or [N, T]
     n = len(ro)
     if n == 0:
         return {"update/skipped_empty": mean(1)}

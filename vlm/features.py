@@ -82,3 +82,15 @@ def merge(outputs: list) -> dict | None:
         layers = len(outs[0].deepstack)
         merged["deepstack_features"] = [torch.cat([o.deepstack[k] for o in outs]) for k in range(layers)]
     return {"image": outs[0].output_cls(**merged)}
+
+
+def concat(outputs: list) -> Encoded | None:
+    """One `Encoded` for the images of several segments of one sequence, in order (None entries: no image);
+    a multi-turn trajectory's observations, each encoded once when it arrived."""
+    outs = [o for o in outputs if o is not None]
+    if not outs:
+        return None
+    deep = None
+    if outs[0].deepstack is not None:
+        deep = [torch.cat([o.deepstack[k] for o in outs]) for k in range(len(outs[0].deepstack))]
+    return Encoded(outs[0].output_cls, tuple(t for o in outs for t in o.pooled), outs[0].stacked, deep)

@@ -164,6 +164,19 @@ class HFBackend:
         return [_trim(row, self.stop_ids) for row in out[:, batch["input_ids"].shape[1]:]]
 
     @torch.no_grad()
+    def sample_rows(self, rows: list, spec: SamplingSpec, row_seeds: list[int] | None, device) -> list:
+        """One generate call over `rows` (PromptInputs, left-padded together), row r drawing from a generator
+        seeded `row_seeds[r]` (None for greedy): [(completion tokens, ended_with_stop)] per row. The caller
+        decides which rows share a call (multi-turn episodes: the live trajectories of one group)."""
+        was_training = self.hf.training
+        self.hf.eval()
+        try:
+            gens = None if spec.greedy else [torch.Generator().manual_seed(s) for s in row_seeds]
+            return self._generate(rows, spec, gens, device)
+        finally:
+            self.hf.train(was_training)
+
+    @torch.no_grad()
     def sample(self, prompts: list, group_size: int, spec: SamplingSpec, seeds: list[int],
                device) -> tuple[list[torch.Tensor], list[bool]]:
         """`group_size` completions per prompt, prompt-major (row p * G + j is sample j of prompt p), and

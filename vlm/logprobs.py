@@ -83,11 +83,47 @@ class TokenScorer(torch.nn.Module):
         return token_scores(hidden, targets, self.hf.get_output_embeddings(), self.block_bias,
                             self.temperature, self.softcap, self.chunk)
 
-    def forward(self, prompts: list, completions: list, layouts: list, out_len: int):
+    def _score_actions(self, prompts: list, layout: Layout, actions: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows that are whole sequences (a trajectory's view, `vlm.trajectory`): log-probs and entropies
+        [n, A] of the tokens at `actions[r] = (positions [a_r], column)`, left-padded to `layout.width`."""
+        batch = collate(prompts, None, layout, self.pad_id, self.image_token_id, self.block_bias.device,
+                        features=self._features(prompts))
+        out = base_model(self.hf)(**batch, use_cache=False, return_dict=True)
+        device, w = self.block_bias.device, layout.width
+        a = max(int(pos.numel()) for pos, _ in actions)
+        at = torch.zeros(len(prompts), a, dtype=torch.long, device=device)                  # [n, A] target positions
+        for r, (x, (pos, _)) in enumerate(zip(prompts, actions)):
+            at[r, :pos.numel()] = pos.to(device) + (w - int(x.input_ids.numel()))           # left padding offset
+        at = at.clamp(min=1)                                                                # padding entries: any valid position
+        hidden = out.last_hidden_state.gather(1, (at - 1)[..., None].expand(-1, -1, out.last_hidden_state.shape[-1]))
+        targets = batch["input_ids"].gather(1, at)                                          # [n, A]
+        return token_scores(hidden, targets, self.hf.get_output_embeddings(), self.block_bias,
+                            self.temperature, self.softcap, self.chunk)                     # [n, A], [n, A]
+
+    def _forward_actions(self, prompts: list, layouts: list, out_len: int, actions: list):
+        n, device = len(prompts), self.block_bias.device
+        logp = torch.zeros(n, out_len, device=device)                                      # [n, T_out]
+        ent = torch.zeros(n, out_len, device=device)
+        for layout in sorted(set(layouts), key=lambda lo: (lo.prompt_width, lo.width)):
+            rows = [r for r in range(n) if layouts[r] == layout]
+            lp, en = self._score_actions([prompts[r] for r in rows], layout, [actions[r] for r in rows])  # [m, A]
+            cols = torch.stack([actions[r][1] + torch.arange(lp.shape[1]) for r in rows]).to(device)     # [m, A]
+            valid = torch.stack([torch.arange(lp.shape[1]) < actions[r][0].numel() for r in rows]).to(device)
+            cols = cols.clamp(max=out_len - 1)
+            idx = torch.tensor(rows, device=device)
+            logp = logp.index_put((idx,), torch.zeros(len(rows), out_len, device=device).scatter_add(1, cols, lp * valid))
+            ent = ent.index_put((idx,), torch.zeros(len(rows), out_len, device=device).scatter_add(1, cols, en * valid))
+        return logp, ent
+
+    def forward(self, prompts: list, completions: list | None, layouts: list, out_len: int, actions: list | None = None):
         """Log-probs and entropies [n, out_len] of each row's completion (0 past its end).
 
-        Rows are scored in groups sharing a layout, each at exactly its recorded widths.
+        Rows are scored in groups sharing a layout, each at exactly its recorded widths. With `actions`
+        (one `(positions [a], column)` per row) the rows are whole sequences and what is scored are the
+        tokens at those positions, written from that column on (multi-turn trajectories).
         """
+        if actions is not None:
+            return self._forward_actions(prompts, layouts, out_len, actions)
         n = len(prompts)
         device = self.block_bias.device
         logp = torch.zeros(n, out_len, device=device)                                # [n, T_out]

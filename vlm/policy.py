@@ -101,6 +101,12 @@ class VLMPolicy(Policy):
         self.scorer = parts.scorer
         self.model = parts.scorer                       # the trainer may wrap it
         self._ref = None
+        self.episodes = None
+        if ctx.env is not None:                          # multi-turn agent (vlm/episodes.py)
+            from envs import make_env
+            from vlm.episodes import EpisodeRunner
+
+            self.episodes = EpisodeRunner(ctx.env, cfg, parts, ctx.device, make_env)
 
     # ---------------------------------------------------------------- rollout
     def _autocast(self):
@@ -143,6 +149,8 @@ class VLMPolicy(Policy):
         return out
 
     def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
+        if self.episodes is not None:
+            return self._episode_rollout(prompts, group_size)
         items = self._prompts(prompts)
         rows = [x for x in items for _ in range(group_size)]                                 # N
         self.p.backend.before_rollout(self.p.model, prompts.step)
@@ -161,7 +169,43 @@ class VLMPolicy(Policy):
                    "prompt_width": torch.full((n,), layout.prompt_width, dtype=torch.long),
                    "width": torch.full((n,), layout.width, dtype=torch.long)})
 
+    def _episodes(self, prompts: PromptBatch, group_size: int, spec: SamplingSpec) -> list:
+        self.p.backend.before_rollout(self.p.model, prompts.step)
+        with torch.no_grad(), self._autocast():
+            return self.episodes.run(prompts.rows, prompts.seeds, group_size, spec)
+
+    def _episode_rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
+        """G trajectories per environment seed; actions = the replies' tokens (vlm/trajectory.py)."""
+        from vlm.episodes import samples_of
+        from vlm.trajectory import score_views
+
+        spec = SamplingSpec(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, self.cfg.top_k)
+        trajs = self._episodes(prompts, group_size, spec)
+        lengths = torch.tensor([t.actions_so_far for t in trajs], device=self.device)          # [N]
+        t_max = max(1, int(lengths.max()))
+        mask = (torch.arange(t_max, device=self.device)[None, :] < lengths[:, None]).float()   # [N, T]
+        views = [t.views for t in trajs]
+        logp = None
+        if self.cfg.old_log_probs == "rollout":
+            self.scorer.train(self.cfg.gradient_checkpointing)
+            step = self.cfg.score_rows_per_call
+            with torch.no_grad(), self._autocast():
+                logp = torch.cat([score_views(self.scorer, views[lo:lo + step], t_max)[0]
+                                  for lo in range(0, len(views), step)])                        # [N, T]
+        return Rollout(samples=samples_of(trajs, prompts, group_size, f"step {prompts.step}"), log_probs=logp,
+                       mask=mask, group=torch.arange(len(prompts)).repeat_interleave(group_size),
+                       state={"views": views})
+
     # ---------------------------------------------------------------- scoring for training
+    def _score_with(self, scorer, rollout: Rollout, index: torch.Tensor):
+        """(log-probs, entropies) [n, T] of the samples `index` with `scorer` (the trained or the reference one)."""
+        if "views" in rollout.state:
+            from vlm.trajectory import score_views
+
+            return score_views(scorer, [rollout.state["views"][i] for i in index.tolist()], rollout.mask.shape[1])
+        prompts, comps, layouts = self._rows(rollout, index)
+        return scorer(prompts, comps, layouts, rollout.mask.shape[1])
+
     def _rows(self, rollout: Rollout, index: torch.Tensor):
         idx = index.tolist()
         st = rollout.state
@@ -171,27 +215,25 @@ class VLMPolicy(Policy):
     def log_probs(self, rollout: Rollout, index: torch.Tensor, reference: Reference | None = None) -> Scores:
         """Log-probs and entropies [n, T] with grad; `reference` is not needed (the core estimates the KL
         from `Reference.log_probs`)."""
-        prompts, comps, layouts = self._rows(rollout, index)
         self.scorer.train(self.cfg.gradient_checkpointing)
-        logp, entropy = self.model(prompts, comps, layouts, rollout.mask.shape[1])            # [n, T]
+        logp, entropy = self._score_with(self.model, rollout, index)                                # [n, T]
         return Scores(log_probs=logp, entropy=entropy)
 
     @torch.no_grad()
     def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> Reference:
         """The reference model's log-probs [n, T] of the sampled tokens: the LoRA base (adapter disabled) or
         the pretrained weights reloaded on first use (never loaded when algo.kl_beta is 0)."""
-        prompts, comps, layouts = self._rows(rollout, index)
         mode = self.p.reference.mode
         if mode == "none":
             raise ValueError("algo.kl_beta != 0 needs a reference model, but policy.reference=none")
         with self._autocast():
             if mode == "adapter":
                 with self.p.model.peft.disable_adapter():
-                    logp, _ = self.scorer(prompts, comps, layouts, rollout.mask.shape[1])
+                    logp, _ = self._score_with(self.scorer, rollout, index)
                 return Reference(log_probs=logp)
             if self._ref is None:
                 self._ref = self.p.reference.load()
-            logp, _ = self._ref(prompts, comps, layouts, rollout.mask.shape[1])
+            logp, _ = self._score_with(self._ref, rollout, index)
         return Reference(log_probs=logp)
 
     # ---------------------------------------------------------------- weights and evaluation
@@ -216,7 +258,12 @@ class VLMPolicy(Policy):
 
     @torch.no_grad()
     def generate_eval(self, prompts: PromptBatch) -> list:
-        """Greedy completions, one per prompt (validation)."""
+        """Greedy completions, one per prompt (validation); greedy episodes with an env section."""
+        if self.episodes is not None:
+            from vlm.episodes import samples_of
+
+            spec = SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
+            return samples_of(self._episodes(prompts, 1, spec), prompts, 1, "eval")
         items = self._prompts(prompts)
         self.p.backend.before_rollout(self.p.model, prompts.step)
         spec = SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
@@ -229,6 +276,13 @@ def validate(cfg: Config) -> None:
     validate_section(cfg)
     if cfg.cpu_threads < 0:
         raise ValueError(f"config key 'policy.cpu_threads' must be >= 0 (0 = torch's default), got {cfg.cpu_threads}")
+
+
+def validate_episodes(cfg: Config, env) -> None:
+    """Checks of the policy section for multi-turn episodes (`env:`), run when the config is loaded."""
+    if cfg.backend != "hf":
+        raise ValueError(f"config key 'policy.backend': multi-turn episodes (env section) run on the hf backend; "
+                         f"{cfg.backend!r} is not supported for them yet")
 
 
 def build(cfg: Config, ctx) -> VLMPolicy:

@@ -136,18 +136,7 @@ class PromptBuilder:
         return self._split(enc, rec, images, resize)
 
     def _split(self, enc, rec: dict, images: list, resize: list) -> PromptInputs:
-        ids = enc["input_ids"][0]                                                   # [L]
-        token, image, encoder = {}, {}, {}
-        for key, value in enc.items():
-            if key in ("input_ids", "attention_mask") or not isinstance(value, torch.Tensor):
-                continue
-            if key in self.keys.encoder:
-                encoder[key] = value
-            if key in self.keys.forward and not key.startswith("pixel_"):
-                if value.dim() >= 2 and value.shape[:2] == enc["input_ids"].shape:
-                    token[key] = value[0]                                           # [L]
-                else:
-                    image[key] = value                                              # [n_img, ...]
+        ids, token, image, encoder = split_encoding(enc, self.keys)
         keep = self._keep_mask(ids, rec)                                            # [L] bool
         truncated = not bool(keep.all())
         if truncated:
@@ -175,6 +164,24 @@ class PromptBuilder:
         drop = torch.nonzero(~protected).squeeze(1)[:excess]
         keep[drop] = False
         return keep
+
+
+def split_encoding(enc, keys: InputKeys) -> tuple[torch.Tensor, dict, dict, dict]:
+    """A one-text processor output -> (input_ids [L], per-token inputs {name: [L]}, per-image inputs
+    {name: [n_img, ...]}, vision-encoder inputs), sorted by the model method that takes each key."""
+    ids = enc["input_ids"][0]                                                       # [L]
+    token, image, encoder = {}, {}, {}
+    for key, value in enc.items():
+        if key in ("input_ids", "attention_mask") or not isinstance(value, torch.Tensor):
+            continue
+        if key in keys.encoder:
+            encoder[key] = value
+        if key in keys.forward and not key.startswith("pixel_"):
+            if value.dim() >= 2 and value.shape[:2] == enc["input_ids"].shape:
+                token[key] = value[0]                                               # [L]
+            else:
+                image[key] = value                                                  # [n_img, ...]
+    return ids, token, image, encoder
 
 
 def check_image_tokens(prompt: PromptInputs, image_token_id: int | None) -> None:

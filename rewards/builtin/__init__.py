@@ -4,7 +4,8 @@ text:      format, math, choice, numeric, exact, contains, overlong
 grounding: iou
 image:     jpeg_compressibility, jpeg_incompressibility
 clip:      clip_score, pickscore, hpsv2, aesthetic (factories; models load when built)
+episode:   env_return, env_success (multi-turn agents)
 """
 
-from rewards.builtin import clip, grounding, image, text  # noqa: F401  (register on import)
+from rewards.builtin import clip, episode, grounding, image, text  # noqa: F401  (register on import)
 from rewards.shapes import verify  # noqa: F401,E402  (shapes_t2i, shapes_vlm)

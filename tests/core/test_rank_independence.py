@@ -1,5 +1,6 @@
-"""Sampling does not depend on the number of processes: the first step of the tiny VLM and SD3 configs,
-run in 1 process and in 2 (torchrun, gloo on CPU), samples the same completions and images.
+"""Sampling does not depend on the number of processes: the first step of the tiny VLM, SD3 and agent
+configs, run in 1 process and in 2 (torchrun, gloo on CPU), samples the same completions, images and
+multi-turn trajectories.
 
 Only rank 0 writes samples (its own prompts: the first half of the step's); the other rank's samples
 enter through `reward/mean`, averaged over processes, and a reward that hashes each output, so one
@@ -36,7 +37,7 @@ def _train(config: str, out: str, processes: int, rewards: str) -> None:
                  str(free_port())] if processes == 2 else [sys.executable])
     cmd = [*launcher, "-m", "mmrl", "train", os.path.join(ROOT, "configs", "tiny", config), f"output_dir={out}",
            "max_steps=1", "eval.every=0", "checkpoint.every=0", "logging.save_samples_every=1",
-           "train.prompts_per_step=4", f"rewards={rewards}"]
+           "train.prompts_per_step=4", "algo.filter=none", f"rewards={rewards}"]  # groups filter per process
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -62,7 +63,8 @@ def _same_output(a, b, dir_a: str, dir_b: str) -> bool:
 @pytest.mark.parametrize("config,rewards", [
     ("vlm_tiny.yaml", f"[{{name: format, weight: 0.5}}, {{name: numeric}}, {{name: '{HASH_REWARD}', label: hash}}]"),
     ("sd3_tiny.yaml", f"[{{name: jpeg_compressibility}}, {{name: '{HASH_REWARD}', label: hash}}]"),
-], ids=["vlm", "sd3"])
+    ("agent_tiny.yaml", f"[{{name: env_return}}, {{name: '{HASH_REWARD}', label: hash}}]"),
+], ids=["vlm", "sd3", "agent"])
 def test_one_and_two_processes_sample_the_same_first_step(tmp_path, config, rewards):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     _train(config, one, 1, rewards)

@@ -43,6 +43,8 @@ SPECS = {
     "aesthetic": ("image", lambda d: {"checkpoint": d["mlp"], **tiny.tiny_clip_kwargs()}),
     "shapes_t2i": ("shapes_image", lambda d: {}),
     "shapes_vlm": ("shapes_text", lambda d: {}),
+    "env_return": ("episode", lambda d: {}),
+    "env_success": ("episode", lambda d: {}),
 }
 
 
@@ -79,9 +81,16 @@ def shapes_text_samples():
             Sample("q", "<answer>[0, 0, 4, 4]</answer>", answer=[0, 0, 8, 8], meta={"task": "grounding"})]
 
 
+def episode_samples():
+    return [Sample("walk", "left\nright", meta={"return": 1.0, "success": True}),
+            Sample("walk", "up", meta={"return": -0.2, "success": False}),
+            Sample("walk", "down\ndown", meta={"return": 0.0, "success": False})]
+
+
 SAMPLES = {"text": text_samples, "box": box_samples, "image": image_samples,
-           "shapes_image": shapes_image_samples, "shapes_text": shapes_text_samples}
-OTHER_KIND = {"text": "image", "box": "image", "image": "text", "shapes_image": "text", "shapes_text": "image"}
+           "shapes_image": shapes_image_samples, "shapes_text": shapes_text_samples, "episode": episode_samples}
+OTHER_KIND = {"text": "image", "box": "image", "image": "text", "shapes_image": "text", "shapes_text": "image",
+              "episode": "text"}
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +146,11 @@ def test_wrong_output_type_scores_none(name, build):
 def test_empty_batch(name, build):
     assert name in SPECS
     assert build(name)([]) == []
+
+
+def test_episode_rewards_read_the_trajectory_meta():
+    from rewards.registry import resolve
+
+    samples = episode_samples()
+    assert resolve("env_return", {})(samples) == [1.0, -0.2, 0.0]
+    assert resolve("env_success", {})(samples) == [1.0, 0.0, 0.0]

@@ -1,0 +1,88 @@
+"""Credit assignment for multi-turn episodes (`algo.credit`): one advantage per trajectory, or per turn.
+
+Notation: a group of G trajectories from one environment seed; trajectory i has turns k = 0..K_i-1 with
+environment rewards r_{i,k} (an unparseable action at env.invalid_action_reward) and reply tokens in
+consecutive action columns. A_i is the usual group advantage of the trajectory's combined reward
+(`mmrl.advantages`, e.g. the return under `env_return`).
+
+- `trajectory` (StarPO, RAGEN arXiv 2504.20073): every token of trajectory i gets A_i.
+- `turn_index`: discounted returns per turn R_{i,k} = sum_{k' >= k} gamma^(k'-k) r_{i,k'}, normalised
+  among the group's turns with the same index k: A^S_{i,k} = (R_{i,k} - mean) / (std + eps) (unbiased
+  std; 0 when fewer than two turns or no spread); tokens of turn k get A_i + w * A^S_{i,k}.
+- `state` (GiGPO, verl-agent, arXiv 2505.10978): the same, but turns are grouped by the observation
+  they answered (anchor states: equal observation keys, whatever the turn index), so a repeated state
+  compares the actions taken from it.
+w is `algo.turn_weight` (GiGPO's omega), gamma `algo.turn_gamma`. An unscorable trajectory (NaN
+reward) gets 0 everywhere, as in the trajectory advantages, and takes no part in the turn statistics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmrl.episodes import EpisodeMeta
+
+CREDITS = ("trajectory", "turn_index", "state")
+
+
+def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
+    """R_k = r_k + gamma * R_{k+1}, from the last turn back."""
+    out, running = [0.0] * len(rewards), 0.0
+    for k in range(len(rewards) - 1, -1, -1):
+        running = float(rewards[k]) + gamma * running
+        out[k] = running
+    return out
+
+
+def normalised_within(values: list[float], keys: list, eps: float) -> list[float]:
+    """(v - mean) / (std + eps) within each set of equal keys (unbiased std; 0 for a set of one or no spread)."""
+    out = [0.0] * len(values)
+    buckets: dict = {}
+    for i, key in enumerate(keys):
+        buckets.setdefault(key, []).append(i)
+    for members in buckets.values():
+        v = torch.tensor([values[i] for i in members], dtype=torch.float64)    # [m]
+        if len(members) < 2 or float(v.max() - v.min()) == 0.0:
+            continue
+        a = (v - v.mean()) / (v.std() + eps)                                    # [m]
+        for i, x in zip(members, a.tolist()):
+            out[i] = x
+    return out
+
+
+def _step_advantages(metas: list[dict], valid: list[bool], mode: str, gamma: float, eps: float) -> list[list[float]]:
+    """A^S_{i,k} for the trajectories of one group; unscorable trajectories (not `valid`) take no part."""
+    returns = [discounted_returns(m[EpisodeMeta.TURN_REWARDS], gamma) for m in metas]
+    flat, keys, owner = [], [], []
+    for i, (m, rets) in enumerate(zip(metas, returns)):
+        if not valid[i]:
+            continue
+        for k, value in enumerate(rets):
+            flat.append(value)
+            keys.append(k if mode == "turn_index" else m[EpisodeMeta.STATES][k])
+            owner.append(i)
+    norm = normalised_within(flat, keys, eps)
+    out = [[] for _ in metas]
+    for i, a in zip(owner, norm):
+        out[i].append(a)
+    return out
+
+
+def token_advantages(samples: list, adv: torch.Tensor, reward: torch.Tensor, group_size: int, width: int,
+                     algo) -> torch.Tensor:
+    """Advantages [N, width] of each action column under `algo.credit` (module docstring).
+    adv: [N] the trajectory advantages A_i; reward: [N] the combined rewards (NaN = unscorable)."""
+    n = len(samples)
+    out = adv.float()[:, None].expand(n, width).clone()                        # [N, T] trajectory level
+    if algo.credit == "trajectory":
+        return out
+    for lo in range(0, n, group_size):
+        metas = [s.meta for s in samples[lo:lo + group_size]]
+        valid = [not bool(torch.isnan(reward[lo + i])) for i in range(len(metas))]
+        steps = _step_advantages(metas, valid, algo.credit, algo.turn_gamma, algo.adv_eps)
+        for i, (m, a_s) in enumerate(zip(metas, steps)):
+            row, col = lo + i, 0
+            for tokens, a in zip(m[EpisodeMeta.TURN_TOKENS], a_s):
+                out[row, col:col + tokens] += algo.turn_weight * a
+                col += tokens
+    return out

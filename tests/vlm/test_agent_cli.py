@@ -1,0 +1,92 @@
+"""Multi-turn agents through the CLI (subprocesses): a user environment from a file reference trains,
+evaluates and resumes bit-exactly after SIGKILL; gymnasium's FrozenLake-v1 runs as registered."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from testkit import REPO, mmrl_cmd
+
+pytestmark = pytest.mark.slow
+AGENT = os.path.join(REPO, "configs", "tiny", "agent_tiny.yaml")
+CORRIDOR = os.path.join(REPO, "tests", "vlm", "agent_env.py") + ":Corridor"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def config(tmp_path, env: dict, **policy) -> str:
+    node = OmegaConf.load(AGENT)
+    node.env = env
+    for k, v in policy.items():
+        node.policy[k] = v
+    path = tmp_path / f"agent_{abs(hash(str(env)))}.yaml"
+    OmegaConf.save(node, path)
+    return str(path)
+
+
+def metrics(run: str) -> list[dict]:
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def without_time(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def latest(run: str) -> int:
+    try:
+        with open(os.path.join(run, "checkpoints", "latest")) as f:
+            return int(f.read().strip().split("_")[1])
+    except (FileNotFoundError, ValueError, IndexError):
+        return 0
+
+
+def test_a_file_environment_trains_and_resumes_bit_exactly_after_sigkill(tmp_path):
+    cfg = config(tmp_path, {"name": CORRIDOR, "length": 3, "max_turns": 3, "step_reward": -0.1},
+                 format_prompt="none")                  # any reply is an action: rewards vary from the start
+    common = [cfg, "max_steps=8", "checkpoint.every=2", "eval.every=4", "algo.filter=none"]
+    full, broken = str(tmp_path / "full"), str(tmp_path / "broken")
+    done = subprocess.run(mmrl_cmd("train", *common, f"output_dir={full}"), cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = metrics(full)
+    trained = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in trained] == list(range(1, 9))
+    assert any(r["grad_norm"] > 0 for r in trained)       # the policy did change, so resuming could go wrong
+    assert all(r["ratio/first_max_abs_dev"] == 0.0 for r in trained)
+    for key in ("env/turns/mean", "env/success", "env/invalid_action_frac", "env/reward_group_std", "env/distinct_2"):
+        assert key in trained[0], key
+    assert "eval/success" in rows[0] and "eval/success" in trained[-1]
+
+    proc = subprocess.Popen(mmrl_cmd("train", *common, f"output_dir={broken}"), cwd=REPO, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while latest(broken) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 2 <= latest(broken) < 8
+    again = subprocess.run(mmrl_cmd("train", *common, f"output_dir={broken}", "resume=auto"), cwd=REPO, env=ENV,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert without_time(metrics(broken)) == without_time(rows)
+
+
+def test_gymnasium_frozenlake_runs_as_registered(tmp_path):
+    cfg = config(tmp_path, {"name": "gym:FrozenLake-v1", "max_turns": 2})
+    out = str(tmp_path / "gym")
+    done = subprocess.run(mmrl_cmd("train", cfg, f"output_dir={out}", "max_steps=1", "eval.every=1"),
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = metrics(out)[-1]
+    assert last["step"] == 1 and 1 <= last["env/turns/mean"] <= 2 and "eval/success" in last
+    with open(os.path.join(out, "samples", "eval_step_000001.jsonl")) as f:
+        first = json.loads(f.readline())
+    assert "P" in first["prompt"]                          # the text grid marks the agent

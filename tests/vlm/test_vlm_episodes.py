@@ -1,0 +1,215 @@
+"""Multi-turn episodes of the VLM adapter on a tiny random Qwen2.5-VL and a user environment loaded from
+a file reference (tests/vlm/agent_env.py): trajectory layout, masks, ratio 1, zero gradient on
+observation tokens, turn limits, invalid actions, history windows, seeds."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from mmrl.config import ENV_KEYS, EnvConfig
+from mmrl.episodes import EpisodeMeta
+from mmrl.policies import BuildContext
+from mmrl.types import PromptBatch, select
+from vlm.episodes import extract_action
+
+ENV_FILE = os.path.join(os.path.dirname(__file__), "agent_env.py") + ":Corridor"
+
+
+@pytest.fixture
+def agent(tmp_path):
+    """agent(env_fields..., policy=dict(...)) -> a VLM policy running Corridor episodes."""
+    from vlm.policy import Config, LoraSection, build
+
+    def make(policy: dict | None = None, **env_fields):
+        own = {k: v for k, v in env_fields.items() if k in ENV_KEYS}
+        env = EnvConfig(**{"name": ENV_FILE, "max_turns": 3, **own},
+                        kwargs={k: v for k, v in env_fields.items() if k not in ENV_KEYS})
+        fields = dict(model="tiny:qwen2_5_vl", min_pixels=784, max_pixels=3136, max_prompt_tokens=1024,
+                      max_new_tokens=4, logprob_chunk=4, lora=LoraSection(rank=0), format_prompt="none",
+                      old_log_probs="rollout")
+        fields.update(policy or {})
+        torch.manual_seed(0)
+        return build(Config(**fields), BuildContext(torch.device("cpu"), 0, str(tmp_path), "fp32", None, 0.0, env))
+
+    return make
+
+
+def batch(seeds=(3, 4), step=0) -> PromptBatch:
+    return PromptBatch(rows=[{"env_seed": s} for s in seeds], index=list(range(len(seeds))),
+                       seeds=[100 + i for i in range(len(seeds))], step=step)
+
+
+def test_trajectories_are_one_sample_each_with_the_replies_as_actions(agent):
+    policy = agent(max_turns=3)
+    ro = policy.rollout(batch(), 3)
+    assert len(ro) == 6 and ro.group.tolist() == [0, 0, 0, 1, 1, 1]
+    for i, s in enumerate(ro.samples):
+        m = s.meta
+        assert 1 <= m[EpisodeMeta.TURNS] <= 3 and len(m[EpisodeMeta.REPLIES]) == m[EpisodeMeta.TURNS]
+        assert m[EpisodeMeta.RETURN] == pytest.approx(sum(m[EpisodeMeta.TURN_REWARDS]))
+        assert int(ro.mask[i].sum()) == m["num_tokens"]                    # actions = the replies' tokens only
+        assert m[EpisodeMeta.TERMINATED] or m[EpisodeMeta.TRUNCATED]
+        views = ro.state["views"][i]
+        assert len(views) == 1                                              # whole history: one forward
+        v = views[0]
+        # the view's action tokens are exactly the replies, in order
+        ids = v.inputs.input_ids[v.positions]
+        text = policy.p.model.tokenizer.decode(ids, skip_special_tokens=True)
+        assert text.replace("\n", "") == "".join(m[EpisodeMeta.REPLIES]).replace("\n", "")
+        # every observation image is in the sequence once: 1 + turns - 1 images (no image after the last reply)
+        assert len(v.inputs.images) == m[EpisodeMeta.TURNS]
+    # the G trajectories of a group share their first observation
+    assert ro.samples[0].prompt == ro.samples[1].prompt
+
+
+def test_on_policy_ratio_is_exactly_one_on_multi_turn_trajectories_with_images(agent):
+    policy = agent(max_turns=3)
+    ro = policy.rollout(batch(), 3)
+    assert ro.log_probs is not None and ro.mask.sum() > 6
+    for idx in (torch.tensor([5, 0, 3]), torch.tensor([1]), torch.tensor([2, 4])):   # other microbatches
+        new = policy.log_probs(ro, idx).log_probs
+        assert torch.equal(new.detach() * ro.mask[idx], ro.log_probs[idx] * ro.mask[idx])
+
+
+def test_scored_log_probs_are_those_of_each_reply_given_its_context(agent):
+    """The one-forward view scores every reply as if it were a single-turn completion of its context."""
+    from vlm.batch import layout_for
+
+    policy = agent(max_turns=3)
+    ro = policy.rollout(batch((5,)), 2)
+    for i in range(len(ro)):
+        segments = ro.state["views"][i][0]
+        inputs = segments.inputs
+        column = 0
+        starts = segments.positions
+        # split the action positions into the replies (contiguous runs)
+        runs = torch.tensor_split(starts, (torch.nonzero(starts.diff() != 1).squeeze(1) + 1).tolist())
+        for run in runs:
+            lo, hi = int(run[0]), int(run[-1]) + 1
+            ctx = type(inputs)(inputs.input_ids[:lo], {k: v[:lo] for k, v in inputs.token_inputs.items()},
+                               inputs.image_inputs, {}, "", [], [], inputs.row, features=inputs.features)
+            ctx = _trim_images(ctx, inputs, int((ctx.input_ids == policy.p.tokens.image_token_id).sum()))
+            comp = inputs.input_ids[lo:hi]
+            layout = layout_for([ctx], [comp])
+            lp, _ = policy.scorer([ctx], [comp], [layout], hi - lo)
+            assert torch.allclose(lp[0], ro.log_probs[i, column:column + hi - lo], atol=1e-5)
+            column += hi - lo
+
+
+def _trim_images(ctx, full, n_tokens):
+    """The context's share of the view's images (the images before position `lo`)."""
+    from vlm.features import Encoded
+
+    pooled, kept = [], 0
+    for t in full.features.pooled:
+        if kept + t.shape[0] > n_tokens:
+            break
+        pooled.append(t)
+        kept += t.shape[0]
+    grid = {k: v[:len(pooled)] for k, v in full.image_inputs.items()}
+    return type(ctx)(ctx.input_ids, ctx.token_inputs, grid, {}, "", [], [], ctx.row,
+                     features=Encoded(full.features.output_cls, tuple(pooled)))
+
+
+def test_observation_tokens_receive_exactly_zero_gradient(agent):
+    policy = agent(max_turns=3)
+    ro = policy.rollout(batch((5,)), 2)
+    captured = {}
+
+    def keep(module, args, out):                    # the hidden states [R, W, H] under the LM head
+        out.last_hidden_state.retain_grad()
+        captured["last"] = out.last_hidden_state
+
+    hook = policy.p.model.hf.model.register_forward_hook(keep)
+    try:
+        for i in range(len(ro)):                         # one view per trajectory: one forward each
+            scores = policy.log_probs(ro, torch.tensor([i]))
+            (scores.log_probs * ro.mask[[i]]).sum().backward()
+            grad = captured["last"].grad[0]                                  # [W, H]
+            v = ro.state["views"][i][0]
+            offset = v.layout.width - v.inputs.input_ids.numel()
+            predicts_action = torch.zeros(grad.shape[0], dtype=torch.bool)
+            predicts_action[v.positions + offset - 1] = True               # hidden at p-1 predicts token p
+            assert float(grad[~predicts_action].abs().max()) == 0.0         # observation / template tokens: 0
+            assert bool((grad[predicts_action].abs().sum(-1) > 0).all())    # every model token gets a gradient
+    finally:
+        hook.remove()
+
+
+def test_max_turns_ends_an_episode_as_truncated(agent):
+    policy = agent(max_turns=2, length=50)       # the corridor is too long to finish
+    ro = policy.rollout(batch(), 2)
+    for s in ro.samples:
+        assert s.meta[EpisodeMeta.TURNS] == 2 and s.meta[EpisodeMeta.TRUNCATED]
+        assert not s.meta[EpisodeMeta.TERMINATED] and not s.meta[EpisodeMeta.SUCCESS]
+
+
+def test_environment_truncation_and_termination_end_the_episode(agent):
+    policy = agent(max_turns=5, length=50, truncate_after=1)
+    for s in policy.rollout(batch(), 2).samples:
+        assert s.meta[EpisodeMeta.TURNS] == 1 and s.meta[EpisodeMeta.TRUNCATED]
+    policy = agent(max_turns=6, length=2)           # start in cell 0 of 2: one step right finishes
+    ro = policy.rollout(batch(), 4)
+    finished = [s for s in ro.samples if s.meta[EpisodeMeta.TERMINATED]]
+    assert finished, "some random replies should walk right"
+    for s in finished:
+        assert s.meta[EpisodeMeta.SUCCESS] and s.meta[EpisodeMeta.TURN_REWARDS][-1] == 1.0
+        assert not s.meta[EpisodeMeta.TRUNCATED]
+
+
+def test_an_unparseable_action_gets_the_configured_reward_and_the_episode_goes_on(agent):
+    policy = agent(max_turns=3, invalid_action_reward=-0.5, length=50, policy={"format_prompt": "r1"})
+    ro = policy.rollout(batch(), 2)                   # a random model never writes <answer> tags
+    for s in ro.samples:
+        assert s.meta[EpisodeMeta.TURNS] == 3
+        assert s.meta[EpisodeMeta.TURN_REWARDS] == [-0.5] * 3 and s.meta[EpisodeMeta.INVALID] == 3
+        assert s.meta[EpisodeMeta.ACTIONS] == [None] * 3
+    strict = agent(max_turns=2, invalid_action_reward=-0.25, length=50, strict=True)   # env says invalid
+    for s in strict.rollout(batch(), 2).samples:
+        assert s.meta[EpisodeMeta.TURN_REWARDS] == [-0.25, -0.25] and s.meta[EpisodeMeta.INVALID] == 2
+
+
+def test_extract_action_table():
+    assert extract_action("<think>x</think><answer> right </answer>", True) == "right"
+    assert extract_action("<answer>a</answer> then <answer>b</answer>", True) == "b"
+    assert extract_action("right", True) is None
+    assert extract_action("<answer>  </answer>", True) is None
+    assert extract_action("  up ", False) == "up"
+    assert extract_action("   ", False) is None
+
+
+def test_a_history_window_scores_each_reply_in_its_own_context(agent):
+    policy = agent(max_turns=4, length=50, history_turns=1)
+    ro = policy.rollout(batch((7,)), 2)
+    for i, s in enumerate(ro.samples):
+        views = ro.state["views"][i]
+        assert s.meta[EpisodeMeta.TURNS] == 4 and len(views) == 3          # turns 1-2 share a view, then one each
+        cols = [(v.column, v.column + v.positions.numel()) for v in views]
+        assert cols[0][0] == 0 and all(a[1] == b[0] for a, b in zip(cols, cols[1:]))
+        assert cols[-1][1] == int(ro.mask[i].sum())
+        assert all(len(v.inputs.images) <= 2 for v in views)                 # head + one kept turn's image
+    new = policy.log_probs(ro, torch.tensor([1, 0])).log_probs
+    assert torch.equal(new.detach() * ro.mask[[1, 0]], ro.log_probs[[1, 0]] * ro.mask[[1, 0]])
+
+
+def test_trajectories_depend_on_the_seeds_only_not_on_the_other_groups(agent):
+    policy = agent(max_turns=3)
+    both = policy.rollout(batch((3, 4)), 2)
+    second = policy.rollout(PromptBatch(rows=[{"env_seed": 4}], index=[1], seeds=[101]), 2)
+    assert [s.output for s in both.samples[2:]] == [s.output for s in second.samples]
+    assert torch.equal(both.log_probs[2:, :second.log_probs.shape[1]], second.log_probs)
+    part = select(both, torch.tensor([2, 3]))
+    assert [s.meta for s in part.samples] == [s.meta for s in second.samples]
+
+
+def test_greedy_evaluation_plays_one_episode_per_seed(agent):
+    policy = agent(max_turns=2)
+    out = policy.generate_eval(PromptBatch(rows=[{"env_seed": 1000}, {"env_seed": 1001}], index=[0, 1],
+                                           seeds=[0, 1], step=-1))
+    again = policy.generate_eval(PromptBatch(rows=[{"env_seed": 1000}, {"env_seed": 1001}], index=[0, 1],
+                                             seeds=[5, 6], step=-1))
+    assert len(out) == 2 and [s.output for s in out] == [s.output for s in again]
+    assert all(EpisodeMeta.SUCCESS in s.meta for s in out)

@@ -1,0 +1,265 @@
+"""Multi-turn episodes of the VLM policy (the `env:` section): G trajectories per environment seed.
+
+Each turn the model reads the system prompt, the task (the environment's instructions and first
+observation), the kept history (its earlier replies and the observations and feedback that followed
+them) and the current observation, and replies; the action is the content of `<answer>...</answer>`
+when the format asks for that tag (`policy.format_prompt` r1 or one mentioning it), else the whole
+reply. An action that does not parse (no tag, or the environment's `info["action_is_valid"]` is
+False) gets `env.invalid_action_reward`, the environment is not stepped (or did not move), and the
+episode goes on. An episode ends when the environment terminates or truncates it, after
+`env.max_turns` replies, or when the next context would exceed `policy.max_prompt_tokens`.
+
+Randomness: the G trajectories of a group reset their environments with the group's seed (same
+first observation, same environment randomness for the same actions); reply j of the group at turn
+t draws from a generator seeded from (the prompt seed, j, t) only, and one generate call holds the
+live trajectories of one group only, so trajectories do not depend on the process split.
+Each observation image is encoded once, when it arrives, and reused by every later turn's
+generation and by scoring (re-encoded with grad, once per view, when the vision side trains).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import gymnasium
+
+from mmrl.config import ConfigError
+from mmrl.episodes import SEED_KEY, EpisodeMeta
+from vlm.data import ROW_KEY, SOURCE_KEY
+from vlm.generation import SamplingSpec, sample_seed
+from vlm.prompts import format_text
+from vlm.trajectory import View, join, make_view
+from vlm.turns import TurnTemplate, as_image, reply_segment
+
+ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_action(reply: str, tagged: bool) -> str | None:
+    """The action text of a reply: the last `<answer>` block's content when `tagged`, else the reply;
+    None when there is none (an invalid action)."""
+    if tagged:
+        found = ANSWER.findall(reply)
+        text = found[-1] if found else ""
+    else:
+        text = reply
+    return text.strip() or None
+
+
+def turn_seed(prompt_seed: int, j: int, turn: int) -> int:
+    """Generator seed of reply `turn` of trajectory j of a group seeded `prompt_seed` (< 2**64)."""
+    return sample_seed(prompt_seed, j) + (turn << 40)
+
+
+@dataclass(eq=False)
+class Trajectory:
+    """One episode while it runs, and what it recorded."""
+
+    env: gymnasium.Env
+    seed: int
+    obs: dict
+    context: list                  # segments the next reply is generated from
+    scored: set = field(default_factory=set)      # ids of reply segments an earlier view scores
+    turns: list = field(default_factory=list)     # completed turns: [reply segment, following turn segment?]
+    views: list = field(default_factory=list)     # scoring views (vlm.trajectory), closed ones
+    actions_so_far: int = 0
+    replies: list = field(default_factory=list)
+    reply_tokens: list = field(default_factory=list)  # tokens of each reply (its action columns)
+    states: list = field(default_factory=list)        # a key of the observation each reply answered
+    actions: list = field(default_factory=list)
+    rewards: list = field(default_factory=list)
+    invalid: int = 0
+    success: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    done: bool = False
+
+
+class EpisodeRunner:
+    """Runs the episodes of a `PromptBatch` whose rows are `{env_seed: s}` (see the module docstring)."""
+
+    def __init__(self, env_cfg, cfg, parts, device, make_env):
+        self.env_cfg, self.cfg, self.p, self.device, self.make_env = env_cfg, cfg, parts, device, make_env
+        tok = parts.model.tokenizer
+        self.eos_text = tok.convert_ids_to_tokens(parts.tokens.stop_ids[0])
+        self.template = TurnTemplate(parts.model.processor, parts.builder.keys, parts.builder.resize,
+                                     parts.builder.image_kwargs, self.eos_text, parts.model.hf, device,
+                                     keep_encoder_inputs=not cfg.freeze_vision)
+        self.tagged = cfg.format_prompt == "r1" or "<answer>" in cfg.format_prompt
+
+    # ------------------------------------------------------------------ text shown to the model
+    def _shown(self, obs: dict, lead: str) -> tuple[str, object]:
+        """(text, image or None) of an observation under env.observation, after `lead` (instructions or feedback)."""
+        mode = self.env_cfg.observation
+        parts = [lead] if lead else []
+        if mode in ("text", "both") and obs.get("text"):
+            parts.append(str(obs["text"]))
+        image = obs.get("image") if mode in ("image", "both") else None
+        if mode == "image" and image is None:
+            raise ValueError("env.observation=image but the environment's observation has no 'image'")
+        return format_text("\n".join(parts), self.cfg.format_prompt), image
+
+    def _feedback(self, action: str | None, valid: bool, reward: float) -> str:
+        if action is None or not valid:
+            return f"Your reply had no valid action. Reward: {reward:g}."
+        return f"You chose {action}. Reward: {reward:g}."
+
+    # ------------------------------------------------------------------ one group
+    def start(self, row: dict, group_size: int) -> list[Trajectory]:
+        """Reset a group's G environments with the row's seed and build their shared first prompt."""
+        seed, name = int(row[SEED_KEY]), self.env_cfg.name
+        envs = [self.make_env(name, dict(self.env_cfg.kwargs)) for _ in range(group_size)]
+        resets = [env.reset(seed=seed) for env in envs]
+        first = resets[0][0]
+        if any(_obs_key(o) != _obs_key(first) for o, _ in resets[1:]):
+            raise ValueError(f"environment {name!r}: reset(seed={seed}) gave different observations for the same seed; "
+                             "an environment must draw its randomness from reset's seed (super().reset(seed=seed))")
+        instructions = self.env_cfg.instructions
+        if instructions is None:
+            instructions = str(getattr(envs[0], "instructions", getattr(envs[0].unwrapped, "instructions", "")) or "")
+        text, image = self._shown(first, instructions)
+        head = self.template.head(self.cfg.system_prompt, text, image)            # encoded once for the group
+        if head.input_ids.numel() > self.cfg.max_prompt_tokens:
+            raise ConfigError(f"environment seed {seed}: the first prompt has {head.input_ids.numel()} tokens "
+                              f"(> policy.max_prompt_tokens={self.cfg.max_prompt_tokens}); raise it or lower policy.max_pixels")
+        return [Trajectory(env, seed, obs, [head]) for env, (obs, _) in zip(envs, resets)]
+
+    def _step(self, t: Trajectory, tokens, ended: bool, turn: int) -> None:
+        """Record reply `turn` of `t`, step its environment and build what the model sees next."""
+        reply = self.p.model.tokenizer.decode(tokens, skip_special_tokens=True)
+        action = extract_action(reply, self.tagged)
+        t.states.append(state_key(t.obs))
+        valid, reward = action is not None, self.env_cfg.invalid_action_reward
+        if valid:
+            obs, r, term, trunc, info = t.env.step(action)
+            valid = bool(info.get("action_is_valid", True))
+            reward = float(r) if valid else self.env_cfg.invalid_action_reward
+            t.obs, t.success = obs, bool(info.get("success", False))
+            t.terminated, t.truncated = bool(term), bool(trunc)
+        t.replies.append(reply)
+        t.reply_tokens.append(int(tokens.numel()))
+        t.actions.append(action if valid else None)
+        t.rewards.append(reward)
+        t.invalid += not valid
+        seg = reply_segment(tokens)
+        t.context.append(seg)
+        t.actions_so_far += int(tokens.numel())
+        t.done = t.terminated or t.truncated or turn + 1 >= self.env_cfg.max_turns
+        t.truncated = t.truncated or (t.done and not t.terminated)
+        if t.done:
+            t.turns.append([seg])
+            return
+        text, image = self._shown(t.obs, self._feedback(action, valid, reward))
+        nxt = self.template.turn(text, image, ended)
+        t.turns.append([seg, nxt])
+        t.context.append(nxt)
+
+    def _window(self, t: Trajectory) -> None:
+        """Keep the head and the last env.history_turns turns in the context (0 = all); when the window
+        drops a turn, close the current view and start a new one."""
+        k = self.env_cfg.history_turns
+        if not k or len(t.turns) <= k:
+            return
+        kept = [t.context[0]] + [s for pair in t.turns[-k:] for s in pair]
+        if len(kept) != len(t.context):
+            self._close_view(t)
+            t.context = kept
+
+    def _close_view(self, t: Trajectory) -> None:
+        """Turn the context up to its last reply into a view whose actions are the replies no earlier view
+        scored (earlier replies kept by the history window are context here)."""
+        last = max(i for i, s in enumerate(t.context) if s.action)
+        segments = t.context[:last + 1]
+        new = {id(s) for s in segments if s.action and id(s) not in t.scored}
+        column = sum(int(v.positions.numel()) for v in t.views)
+        t.views.append(make_view(segments, {SOURCE_KEY: "env seed", ROW_KEY: t.seed}, column, new))
+        t.scored |= new
+
+    def live_contexts(self, group: list[Trajectory]) -> list[tuple[int, object]]:
+        """(j, context PromptInputs) of the trajectories of a group that go on to another turn; one whose
+        context no longer fits policy.max_prompt_tokens ends here, truncated."""
+        out = []
+        for j, t in enumerate(group):
+            if t.done:
+                continue
+            x = join(t.context, {SOURCE_KEY: "env seed", ROW_KEY: t.seed})[0]
+            if x.input_ids.numel() > self.cfg.max_prompt_tokens:
+                t.done = t.truncated = True
+                continue
+            out.append((j, x))
+        return out
+
+    def record(self, t: Trajectory, tokens, ended: bool, turn: int) -> None:
+        """Reply `turn` of `t` (its tokens, and whether they end with a stop token): step the environment,
+        build the next context."""
+        self._step(t, tokens, ended, turn)
+        if not t.done:
+            self._window(t)
+
+    def finish(self, group: list[Trajectory]) -> None:
+        """Close each trajectory's last view and its environment."""
+        for t in group:
+            if t.replies:
+                self._close_view(t)
+            t.env.close()
+
+    def run(self, rows: list[dict], seeds: list[int], group_size: int, spec: SamplingSpec) -> list[Trajectory]:
+        """Every row's G trajectories, row-major (trajectory j of row p at p * G + j)."""
+        out = []
+        for row, seed in zip(rows, seeds):
+            group = self.start(row, group_size)
+            for turn in range(self.env_cfg.max_turns):
+                live = self.live_contexts(group)
+                if not live:
+                    break
+                row_seeds = None if spec.greedy else [turn_seed(seed, j, turn) for j, _ in live]
+                outs = self.p.backend.sample_rows([x for _, x in live], spec, row_seeds, self.device)
+                for (j, _), (tokens, ended) in zip(live, outs):
+                    self.record(group[j], tokens, ended, turn)
+            self.finish(group)
+            out += group
+        return out
+
+
+def _obs_key(obs: dict) -> tuple:
+    image = obs.get("image")
+    data = image.tobytes() if hasattr(image, "tobytes") else None
+    return str(obs.get("text")), data
+
+
+def state_key(obs: dict) -> str:
+    """A short key of an observation (its text and image pixels): equal observations, equal keys
+    (GiGPO's anchor states, arXiv 2505.10978)."""
+    import hashlib
+
+    text, data = _obs_key(obs)
+    return hashlib.sha1(text.encode() + b"\0" + (data or b"")).hexdigest()[:16]
+
+
+def trajectory_meta(t: Trajectory, seed: int) -> dict:
+    """The `Sample.meta` of a finished trajectory (mmrl.episodes.EpisodeMeta)."""
+    return {EpisodeMeta.SEED: seed, EpisodeMeta.RETURN: float(sum(t.rewards)), EpisodeMeta.TURN_REWARDS: list(t.rewards),
+            EpisodeMeta.ACTIONS: list(t.actions), EpisodeMeta.REPLIES: list(t.replies), EpisodeMeta.TURNS: len(t.replies),
+            EpisodeMeta.SUCCESS: t.success, EpisodeMeta.INVALID: t.invalid, EpisodeMeta.TERMINATED: t.terminated,
+            EpisodeMeta.TRUNCATED: t.truncated, EpisodeMeta.TURN_TOKENS: list(t.reply_tokens),
+            EpisodeMeta.STATES: list(t.states), "num_tokens": t.actions_so_far,
+            EpisodeMeta.FINAL_IMAGE: as_image(t.obs["image"]) if t.obs.get("image") is not None else None}
+
+
+
+
+def samples_of(trajs: list[Trajectory], prompts, group_size: int, tag: str) -> list:
+    """One reward `Sample` per trajectory: prompt = the task text, output = the replies, one per line,
+    images = the observations shown, meta = `trajectory_meta`."""
+    from rewards.sample import Sample
+
+    out = []
+    for i, t in enumerate(trajs):
+        p, j = divmod(i, group_size)
+        shown = [t.context[0]] + [s for pair in t.turns for s in pair[1:]]       # head, then each following turn
+        images = [im for s in shown for im in s.images]
+        first = t.views[0].inputs if t.views else None
+        out.append(Sample(prompt=first.text if first else "", output="\n".join(t.replies),
+                          images=images, answer=None, meta=trajectory_meta(t, t.seed),
+                          id=f"{tag} env seed {t.seed} (prompt {prompts.index[p]}) trajectory {j}"))
+    return out
