@@ -42,13 +42,14 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     return tiny.qwen2_5_vl_tokenizer(corpus(), vocab_size)
 
 
-def build(seed: int = 0):
-    """(model, processor): a randomly initialised tiny Qwen2.5-VL and its processor."""
+def build(seed: int = 0, tokenizer=None, max_positions: int = 512):
+    """(model, processor): a randomly initialised tiny Qwen2.5-VL and its processor, over `tokenizer`
+    (default: the shapes world's, `build_tokenizer()`)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    tok = build_tokenizer()
+    tok = tokenizer if tokenizer is not None else build_tokenizer()
     processor = tiny.qwen2_5_vl_processor(tok, MODEL_SIDE * MODEL_SIDE, MODEL_SIDE * MODEL_SIDE)
-    cfg = tiny.qwen2_5_vl_config(tok, text=dict(max_position_embeddings=512, tie_word_embeddings=True),
+    cfg = tiny.qwen2_5_vl_config(tok, text=dict(max_position_embeddings=max_positions, tie_word_embeddings=True),
                                  vision=dict(intermediate_size=256, window_size=MODEL_SIDE, fullatt_block_indexes=[0, 1]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

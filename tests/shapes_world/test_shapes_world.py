@@ -4,8 +4,6 @@ stand-ins, and one palette shared by every generator and the verifier."""
 import io
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from shapes_world import scene as scene_module
 from shapes_world.scene import SHAPES, Scene, Shape, render, sample_scene
 from shapes_world.standins import counting, grounding
 from shapes_world.tasks import t2i_prompt_space, t2i_records, vlm_records
+from testkit import fresh_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGES = ("mmrl", "vlm", "diffusion", "rewards", "shapes_world", "benchmarks")
@@ -102,15 +101,10 @@ def test_standin_answers_match_their_pixels():
         assert len(blobs) == int(r["answer"]) and {b.kind for b in blobs} == {"square"}
 
 
-def _imports_in_fresh_python(code: str) -> None:
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
 def test_generators_import_no_adapter_and_rewards_import_no_world():
     """The generators stand on rewards' palette alone; rewards (the verifiers) never reach up."""
-    _imports_in_fresh_python("import sys, shapes_world.scene, shapes_world.tasks, shapes_world.standins; "
+    fresh_python("import sys, shapes_world.scene, shapes_world.tasks, shapes_world.standins; "
                              "up = {m.split('.')[0] for m in sys.modules} & {'mmrl', 'vlm', 'diffusion'}; "
                              "assert not up, sorted(up)")
-    _imports_in_fresh_python("import sys, rewards.builtin, rewards.shapes.verify; "
+    fresh_python("import sys, rewards.builtin, rewards.shapes.verify; "
                              "assert 'shapes_world' not in {m.split('.')[0] for m in sys.modules}")
