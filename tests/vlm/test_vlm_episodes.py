@@ -213,3 +213,42 @@ def test_greedy_evaluation_plays_one_episode_per_seed(agent):
                                              seeds=[5, 6], step=-1))
     assert len(out) == 2 and [s.output for s in out] == [s.output for s in again]
     assert all(EpisodeMeta.SUCCESS in s.meta for s in out)
+
+
+def test_the_lora_base_is_the_kl_reference_of_a_trajectory(agent):
+    policy = agent(max_turns=2, policy={"lora": __import__("vlm.policy", fromlist=["LoraSection"]).LoraSection(rank=4, alpha=8)})
+    ro = policy.rollout(batch((3,)), 2)
+    idx = torch.arange(len(ro))
+    ref = policy.reference_log_probs(ro, idx).log_probs
+    assert torch.equal(ref * ro.mask, policy.log_probs(ro, idx).log_probs.detach() * ro.mask)   # LoRA B starts at 0
+
+
+@pytest.mark.parametrize("credit", ["turn_index", "state"])
+def test_turn_level_credit_reaches_the_update(credit, tmp_path):
+    import json
+
+    from omegaconf import OmegaConf
+
+    from mmrl.collect import collect
+    from mmrl.config import load_config
+    from mmrl.trainer import fit, setup
+    from testkit import REPO
+
+    node = OmegaConf.load(os.path.join(REPO, "configs", "tiny", "agent_tiny.yaml"))
+    node.env = {"name": ENV_FILE, "length": 4, "max_turns": 3, "step_reward": -0.1}
+    path = tmp_path / "corridor.yaml"
+    OmegaConf.save(node, path)
+    cfg = load_config(str(path), [f"output_dir={tmp_path / 'run'}", "max_steps=2", "eval.every=0",
+                                  "checkpoint.every=0", f"algo.credit={credit}", "algo.turn_gamma=0.9",
+                                  "algo.filter=none", "policy.format_prompt=none"])
+    run = setup(cfg)
+    batch = collect(run, 0)
+    per_action = batch.action_advantages                                       # [N, T]
+    assert per_action is not None and per_action.shape == batch.rollout.mask.shape
+    varies = [i for i, s in enumerate(batch.rollout.samples) if len(set(s.meta["turn_tokens"])) >= 1
+              and len(set((per_action[i] * batch.rollout.mask[i])[batch.rollout.mask[i] > 0].tolist())) > 1]
+    assert varies, "turn-level credit gave every token of every trajectory one value"
+    fit(run)
+    run.accelerator.end_training()
+    rows = [json.loads(line) for line in open(os.path.join(cfg.output_dir, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["ratio/first_max_abs_dev"] == 0.0 for r in rows)
