@@ -19,6 +19,7 @@ generation and by scoring (re-encoded with grad, once per view, when the vision 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -47,8 +48,11 @@ def extract_action(reply: str, tagged: bool) -> str | None:
 
 
 def turn_seed(prompt_seed: int, j: int, turn: int) -> int:
-    """Generator seed of reply `turn` of trajectory j of a group seeded `prompt_seed` (< 2**64)."""
-    return sample_seed(prompt_seed, j) + (turn << 40)
+    """Generator seed of reply `turn` of trajectory j of a group seeded `prompt_seed`: a hash of the three,
+    so every (trajectory, turn) draws its own numbers. (torch's CPU generator keys on the seed's low 32 bits
+    only: seeds that differ in high bits alone give the same stream.)"""
+    digest = hashlib.blake2b(f"{sample_seed(prompt_seed, j)}:{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass(eq=False)
@@ -230,8 +234,6 @@ def _obs_key(obs: dict) -> tuple:
 def state_key(obs: dict) -> str:
     """A short key of an observation (its text and image pixels): equal observations, equal keys
     (GiGPO's anchor states, arXiv 2505.10978)."""
-    import hashlib
-
     text, data = _obs_key(obs)
     return hashlib.sha1(text.encode() + b"\0" + (data or b"")).hexdigest()[:16]
 

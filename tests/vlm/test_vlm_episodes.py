@@ -235,12 +235,13 @@ def test_turn_level_credit_reaches_the_update(credit, tmp_path):
     from testkit import REPO
 
     node = OmegaConf.load(os.path.join(REPO, "configs", "tiny", "agent_tiny.yaml"))
-    node.env = {"name": ENV_FILE, "length": 4, "max_turns": 3, "step_reward": -0.1}
+    node.env = {"name": ENV_FILE, "length": 3, "max_turns": 4, "step_reward": -0.1}
     path = tmp_path / "corridor.yaml"
     OmegaConf.save(node, path)
     cfg = load_config(str(path), [f"output_dir={tmp_path / 'run'}", "max_steps=2", "eval.every=0",
                                   "checkpoint.every=0", f"algo.credit={credit}", "algo.turn_gamma=0.9",
-                                  "algo.filter=none", "policy.format_prompt=none"])
+                                  "algo.filter=none", "policy.format_prompt=none", "train.group_size=8",
+                                  "train.samples_per_microbatch=16"])
     run = setup(cfg)
     batch = collect(run, 0)
     per_action = batch.action_advantages                                       # [N, T]
@@ -252,3 +253,19 @@ def test_turn_level_credit_reaches_the_update(credit, tmp_path):
     run.accelerator.end_training()
     rows = [json.loads(line) for line in open(os.path.join(cfg.output_dir, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2] and all(r["ratio/first_max_abs_dev"] == 0.0 for r in rows)
+
+
+def test_every_turn_of_every_trajectory_draws_its_own_numbers():
+    """torch's CPU generator keys on a seed's low 32 bits: turn seeds must differ there."""
+    from vlm.episodes import turn_seed
+
+    firsts = {float(torch.rand(1, generator=torch.Generator().manual_seed(turn_seed(s, j, t))))
+              for s in (0, 1) for j in range(4) for t in range(8)}
+    assert len(firsts) == 2 * 4 * 8
+    assert turn_seed(5, 1, 2) == turn_seed(5, 1, 2) and 0 <= turn_seed(5, 1, 2) < 2**63
+
+
+def test_sampled_replies_vary_across_turns(agent):
+    policy = agent(max_turns=6, length=50)
+    ro = policy.rollout(batch((3,)), 4)
+    assert any(len(set(s.meta[EpisodeMeta.REPLIES])) > 1 for s in ro.samples)
