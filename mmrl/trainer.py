@@ -180,6 +180,9 @@ def train(cfg: Config) -> str:
     """Run training to `cfg.max_steps`; returns the run directory."""
     run = setup(cfg)
     fit(run)
+    # every rank arrives before the process group goes: rank 0 writes the summary after the last step, and a
+    # rank that destroys its group and exits meanwhile sometimes aborts in gloo ("terminate called ...")
+    run.accelerator.wait_for_everyone()
     run.accelerator.end_training()  # destroys the process group: a rank exiting with live gloo threads may abort
     return cfg.output_dir
 

@@ -25,4 +25,5 @@ if __name__ == "__main__":
         thetas = [theta]
     if run.accelerator.is_main_process:
         torch.save({"world": world, "thetas": thetas}, out)
+    run.accelerator.wait_for_everyone()
     run.accelerator.end_training()  # without it rank 1 sometimes aborts at exit (live gloo threads)
