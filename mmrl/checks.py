@@ -162,7 +162,8 @@ def check_env(cfg: Config) -> None:
         return
     at_least("env.max_turns", e.max_turns, 1)
     one_of("env.observation", e.observation, OBSERVATIONS)
-    at_least("env.history_turns", e.history_turns, 0, " (0 = all turns)")
+    if e.history_turns is not None:
+        at_least("env.history_turns", e.history_turns, 0, " (or null for all turns; 0 = the current observation only)")
     at_least("env.train_seeds", e.train_seeds, 1)
     if e.eval_seed_start < e.train_seeds:
         raise ConfigError(f"config key 'env.eval_seed_start' ({e.eval_seed_start}) must be >= env.train_seeds "

@@ -104,7 +104,7 @@ class EnvConfig:
     name: str = ""                        # registered environment (bandit | frozenlake | sokoban), gym:<id>, or module:attr / file.py:attr
     max_turns: int = 5                    # model replies per episode; an episode still running then ends as truncated
     observation: str = "both"             # what the model is shown of each observation: image | text | both
-    history_turns: int = 0                # earlier turns kept in the prompt: 0 = all (one forward per trajectory), K = the last K
+    history_turns: Optional[int] = None   # earlier turns kept in the prompt: None = all (one forward per trajectory); K = the last K (0 = the current observation only)
     invalid_action_reward: float = -0.1   # reward of a reply whose action does not parse (the episode goes on; RAGEN's format penalty)
     instructions: Optional[str] = None    # task text shown at the start; None = the environment's `instructions`
     train_seeds: int = 100_000            # training episodes use environment seeds 0 .. train_seeds-1

@@ -64,6 +64,10 @@ class Trajectory:
     obs: dict
     context: list                  # segments the next reply is generated from
     scored: set = field(default_factory=set)      # ids of reply segments an earlier view scores
+    instructions: str = ""                        # the task text of the first user message
+    seen: list = field(default_factory=list)      # observation k as shown before reply k
+    heads: dict = field(default_factory=dict)     # first user message of a window starting at observation k
+    start: int = 0                                # the observation the current context's window starts at
     turns: list = field(default_factory=list)     # completed turns: [reply segment, following turn segment?]
     views: list = field(default_factory=list)     # scoring views (vlm.trajectory), closed ones
     actions_so_far: int = 0
@@ -126,7 +130,8 @@ class EpisodeRunner:
         if head.input_ids.numel() > self.cfg.max_prompt_tokens:
             raise ConfigError(f"environment seed {seed}: the first prompt has {head.input_ids.numel()} tokens "
                               f"(> policy.max_prompt_tokens={self.cfg.max_prompt_tokens}); raise it or lower policy.max_pixels")
-        return [Trajectory(env, seed, obs, [head]) for env, (obs, _) in zip(envs, resets)]
+        return [Trajectory(env, seed, obs, [head], instructions=instructions, seen=[obs], heads={0: head})
+                for env, (obs, _) in zip(envs, resets)]
 
     def _step(self, t: Trajectory, tokens, ended: bool, turn: int) -> None:
         """Record reply `turn` of `t`, step its environment and build what the model sees next."""
@@ -157,17 +162,27 @@ class EpisodeRunner:
         nxt = self.template.turn(text, image, ended)
         t.turns.append([seg, nxt])
         t.context.append(nxt)
+        t.seen.append(t.obs)
+
+    def _head(self, t: Trajectory, s: int):
+        """The first user message of a window starting at observation s: the instructions and observation s
+        (its image features reused from the turn that first showed it)."""
+        if s not in t.heads:
+            text, image = self._shown(t.seen[s], t.instructions)
+            shown_in = t.turns[s - 1][1]                                   # the turn segment that carried it
+            t.heads[s] = self.template.head(self.cfg.system_prompt, text, image, features=shown_in.features)
+        return t.heads[s]
 
     def _window(self, t: Trajectory) -> None:
-        """Keep the head and the last env.history_turns turns in the context (0 = all); when the window
-        drops a turn, close the current view and start a new one."""
-        k = self.env_cfg.history_turns
-        if not k or len(t.turns) <= k:
+        """Keep the last env.history_turns turns (None = all): the next context is the instructions with the
+        window's first observation, then each kept reply and what followed it; when the window moves, close
+        the current view and start a new one."""
+        k, n = self.env_cfg.history_turns, len(t.turns)
+        if k is None or max(0, n - k) == t.start:
             return
-        kept = [t.context[0]] + [s for pair in t.turns[-k:] for s in pair]
-        if len(kept) != len(t.context):
-            self._close_view(t)
-            t.context = kept
+        self._close_view(t)
+        t.start = max(0, n - k)
+        t.context = [self._head(t, t.start)] + [s for pair in t.turns[t.start:n] for s in pair]
 
     def _close_view(self, t: Trajectory) -> None:
         """Turn the context up to its last reply into a view whose actions are the replies no earlier view

@@ -2,7 +2,7 @@
 
 A trajectory's actions are its replies' tokens, in turn order: T_i actions for trajectory i, the
 columns [0, T_i) of its rows in [N, T]. Each reply is scored in the context it was generated
-from. With the whole history kept (env.history_turns = 0) every context is a prefix of the next,
+from. With the whole history kept (env.history_turns = null) every context is a prefix of the next,
 so the trajectory is ONE view, scored by one forward with all its images; with only the last K
 turns kept, a new view starts whenever the window drops a turn. A view records where its actions
 sit in its token sequence and which columns they fill, and the width it is scored at (its length

@@ -93,11 +93,12 @@ class TurnTemplate:
                              "continuation; multi-turn episodes need one that does (as Qwen-VL's and LLaVA's do)")
         return longer[len(self._closed):]
 
-    def head(self, system: str | None, text: str, image) -> Segment:
-        """System prompt, the first user message (image first, then text) and the generation prompt."""
+    def head(self, system: str | None, text: str, image, features=None) -> Segment:
+        """System prompt, the first user message (image first, then text) and the generation prompt;
+        `features`: the image's encoder output when it was already encoded (else it is encoded now)."""
         images = [self._image(image)] if image is not None else []
         messages = build_messages(text, len(images), system)
-        return self._segment(self._render(messages, True), images, text, special=True)
+        return self._segment(self._render(messages, True), images, text, special=True, features=features)
 
     def turn(self, text: str, image, reply_ended: bool) -> Segment:
         """Close the previous reply (with the end-of-turn token too when generation stopped at max_new_tokens),
@@ -109,18 +110,18 @@ class TurnTemplate:
     def _image(self, image) -> Image.Image:
         return resize(as_image(image), self.resize)[0]
 
-    def _segment(self, text: str, images: list, shown: str, special: bool) -> Segment:
+    def _segment(self, text: str, images: list, shown: str, special: bool, features=None) -> Segment:
         kwargs = dict(self.image_kwargs) if images else {}
         if not special:
             kwargs["add_special_tokens"] = False          # a continuation: no BOS in the middle of a sequence
         enc = self.processor(text=[text], images=images or None, return_tensors="pt", **kwargs)
         ids, token, image, encoder = split_encoding(enc, self.keys)
-        seg = Segment(ids, token, image, encoder if images else {}, images=images, text=shown)
-        if images and self.hf is not None:
+        seg = Segment(ids, token, image, encoder if images else {}, images=images, text=shown, features=features)
+        if images and self.hf is not None and features is None:
             with torch.no_grad():
                 seg.features = encode(self.hf, seg.encoder_inputs, self.device)
-            if not self.keep_encoder_inputs:
-                seg.encoder_inputs = {}
+        if seg.features is not None and not self.keep_encoder_inputs:
+            seg.encoder_inputs = {}                       # pixels are not needed again
         return seg
 
 

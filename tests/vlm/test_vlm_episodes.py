@@ -187,6 +187,9 @@ def test_a_history_window_scores_each_reply_in_its_own_context(agent):
     for i, s in enumerate(ro.samples):
         views = ro.state["views"][i]
         assert s.meta[EpisodeMeta.TURNS] == 4 and len(views) == 3          # turns 1-2 share a view, then one each
+        # a window of one turn: the instructions with the previous observation, the last reply, the current one
+        assert [v.positions.numel() for v in views] == [sum(s.meta[EpisodeMeta.TURN_TOKENS][:2]),
+                                                       *s.meta[EpisodeMeta.TURN_TOKENS][2:]]
         cols = [(v.column, v.column + v.positions.numel()) for v in views]
         assert cols[0][0] == 0 and all(a[1] == b[0] for a, b in zip(cols, cols[1:]))
         assert cols[-1][1] == int(ro.mask[i].sum())
@@ -269,3 +272,27 @@ def test_sampled_replies_vary_across_turns(agent):
     policy = agent(max_turns=6, length=50)
     ro = policy.rollout(batch((3,)), 4)
     assert any(len(set(s.meta[EpisodeMeta.REPLIES])) > 1 for s in ro.samples)
+
+
+def test_a_memoryless_agent_sees_the_instructions_and_the_current_observation_only(agent):
+    """history_turns=0: each reply is generated from the task text and the current observation alone (one
+    view per turn), and every observation image is encoded once, when it arrives."""
+    from vlm.features import base_model
+
+    policy = agent(max_turns=4, length=50, history_turns=0)
+    vision = base_model(policy.p.model.hf)
+    calls = []
+    original = vision.get_image_features
+    vision.get_image_features = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        ro = policy.rollout(batch((7,)), 2)
+    finally:
+        vision.get_image_features = original
+    turns = [s.meta[EpisodeMeta.TURNS] for s in ro.samples]
+    assert len(calls) == 1 + sum(t - 1 for t in turns)          # the shared first observation, then one per new one
+    for i, s in enumerate(ro.samples):
+        views = ro.state["views"][i]
+        assert len(views) == s.meta[EpisodeMeta.TURNS] and all(len(v.inputs.images) == 1 for v in views)
+        assert all(v.positions.numel() == n for v, n in zip(views, s.meta[EpisodeMeta.TURN_TOKENS]))
+    new = policy.log_probs(ro, torch.tensor([1, 0])).log_probs
+    assert torch.equal(new.detach() * ro.mask[[1, 0]], ro.log_probs[[1, 0]] * ro.mask[[1, 0]])
