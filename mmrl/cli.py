@@ -34,6 +34,9 @@ def _train(args) -> int:
     except KeyboardInterrupt:
         return _fail("interrupted; the last checkpoint is intact (resume with resume=auto)", 130)
     print(f"mmrl: done; run directory {run_dir}")
+    from mmrl.dist import end_launched_process
+
+    end_launched_process(0)          # under torchrun / accelerate launch: exit before gloo's teardown can abort
     return 0
 
 

@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import BANDIT  # noqa: E402
 
 from mmrl.config import load_config  # noqa: E402
+from mmrl.dist import end_launched_process  # noqa: E402
 from mmrl.trainer import fit, setup  # noqa: E402
 
 if __name__ == "__main__":
@@ -27,3 +28,4 @@ if __name__ == "__main__":
         torch.save({"world": world, "thetas": thetas}, out)
     run.accelerator.wait_for_everyone()
     run.accelerator.end_training()  # without it rank 1 sometimes aborts at exit (live gloo threads)
+    end_launched_process(0)         # and even with it, now and then, during interpreter teardown
