@@ -35,16 +35,16 @@ def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
 
 
 def normalised_within(values: list[float], keys: list, eps: float) -> list[float]:
-    """(v - mean) / (std + eps) within each set of equal keys (unbiased std; 0 for a set of one or no spread)."""
+    """GRPO's normalisation (`mmrl.advantages.grpo`: unbiased std, 0 for a set of one or no spread) within
+    each set of equal keys."""
+    from mmrl.advantages import grpo
+
     out = [0.0] * len(values)
     buckets: dict = {}
     for i, key in enumerate(keys):
         buckets.setdefault(key, []).append(i)
     for members in buckets.values():
-        v = torch.tensor([values[i] for i in members], dtype=torch.float64)    # [m]
-        if len(members) < 2 or float(v.max() - v.min()) == 0.0:
-            continue
-        a = (v - v.mean()) / (v.std() + eps)                                    # [m]
+        a = grpo(torch.tensor([[values[i] for i in members]]), eps=eps)[0]        # [m]
         for i, x in zip(members, a.tolist()):
             out[i] = x
     return out

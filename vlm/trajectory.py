@@ -18,7 +18,7 @@ import torch
 
 from vlm.batch import Layout
 from vlm.features import concat
-from vlm.prompts import PromptInputs
+from vlm.prompts import PromptInputs, count_features
 from vlm.turns import Segment
 
 WIDTH_STEP = 32
@@ -61,7 +61,7 @@ def join(segments: list[Segment], row: dict, actions: set | None = None) -> tupl
     images = [im for s in segments for im in s.images]
     inputs = PromptInputs(ids, token, image, encoder, segments[0].text, images, [], row,
                           features=concat([s.features for s in segments]))
-    inputs.n_image_tokens = sum(int(t.shape[0]) for t in inputs.features.pooled) if inputs.features else 0
+    inputs.n_image_tokens = count_features(inputs.features)
     return inputs, positions
 
 
