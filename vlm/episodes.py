@@ -273,7 +273,8 @@ def samples_of(trajs: list[Trajectory], prompts, group_size: int, tag: str) -> l
     out = []
     for i, t in enumerate(trajs):
         p, j = divmod(i, group_size)
-        shown = [t.context[0]] + [s for pair in t.turns for s in pair[1:]]       # head, then each following turn
+        # the first head (the context's head is the current window's), then each following turn
+        shown = [t.heads[0]] + [s for pair in t.turns for s in pair[1:]]
         images = [im for s in shown for im in s.images]
         first = t.views[0].inputs if t.views else None
         out.append(Sample(prompt=first.text if first else "", output="\n".join(t.replies),

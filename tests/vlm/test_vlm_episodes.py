@@ -296,3 +296,25 @@ def test_a_memoryless_agent_sees_the_instructions_and_the_current_observation_on
         assert all(v.positions.numel() == n for v, n in zip(views, s.meta[EpisodeMeta.TURN_TOKENS]))
     new = policy.log_probs(ro, torch.tensor([1, 0])).log_probs
     assert torch.equal(new.detach() * ro.mask[[1, 0]], ro.log_probs[[1, 0]] * ro.mask[[1, 0]])
+
+
+@pytest.mark.parametrize("history_turns", [None, 1, 0])
+def test_a_samples_images_are_the_observations_in_order_whatever_the_history_window(agent, history_turns):
+    """Sample.images (the episode strip of evaluation) starts at the first observation, not at the first
+    observation of the last history window."""
+    import numpy as np
+
+    from envs import make_env
+
+    policy = agent(max_turns=4, length=50, history_turns=history_turns)
+    ro = policy.rollout(batch((7,)), 2)
+    for s in ro.samples:
+        env = make_env(ENV_FILE, {"length": 50}, "env.name")
+        obs, _ = env.reset(seed=7)
+        expected = [obs["image"]]
+        for action in s.meta[EpisodeMeta.ACTIONS][:-1]:             # an invalid action leaves the env as it is
+            obs = env.step(action)[0] if action is not None else obs
+            expected.append(obs["image"])
+        assert len(s.images) == s.meta[EpisodeMeta.TURNS] == len(expected) > 1
+        for shown, want in zip(s.images, expected):                  # as the model was shown it (resized)
+            assert np.array_equal(np.asarray(shown), np.asarray(policy.episodes.template._image(want)))
