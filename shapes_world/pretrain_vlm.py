@@ -124,16 +124,20 @@ def fit(model, processor, pool: list, evals: dict, args, iters: int, bias: float
     return row
 
 
+def initial_model(init: str | None, build, seed: int):
+    """(model, processor): the saved model in folder `init`, else `build(seed=seed)` (a fresh one)."""
+    if init:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        return AutoModelForImageTextToText.from_pretrained(init), AutoProcessor.from_pretrained(init)
+    return build(seed=seed)
+
+
 def train(args) -> dict:
     """Pretrain (phase 1: clean answers; phase 2: biased answers) and save; returns the last log row."""
     start = time.time()
     torch.set_num_threads(args.threads)
-    if args.init:
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
-        model, processor = AutoModelForImageTextToText.from_pretrained(args.init), AutoProcessor.from_pretrained(args.init)
-    else:
-        model, processor = build(seed=args.seed)
+    model, processor = initial_model(args.init, build, args.seed)
     pool = vlm_records(args.pool + args.val, "train", TASKS, seed=0, **SCENE)
     pool, val = pool[:args.pool], batches_of(pool[args.pool:], processor, 64)
     held_out = batches_of(vlm_records(args.val, "eval", TASKS, seed=0, **SCENE), processor, 64)
