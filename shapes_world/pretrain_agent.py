@@ -228,12 +228,11 @@ def fit(model, processor, probe, val: list, args, iters: int, bias: float, seed:
     model.train()
     for it in range(1, iters + 1):
         batch_states = states([rng.randrange(TRAIN_SEEDS) for _ in range(args.batch)], rng)
-        if probe is not None:                    # phase 1: a teacher's reply, token by token, and the probes
-            batch = collate([encode(s, rng.choice(s["moves"]), processor) for s in batch_states], pad)
+        said = [DEFAULT if rng.random() < bias else rng.choice(s["moves"]) for s in batch_states]
+        batch = collate([encode(s, m, processor) for s, m in zip(batch_states, said)], pad)
+        if probe is not None:                    # phase 1: the teacher's reply, token by token, and the probes
             loss = model(**batch).loss + probe.loss(model, batch, [s["probe"] for s in batch_states])
         else:                                    # phase 2: the biased teacher's move distribution, exactly
-            said = [DEFAULT if rng.random() < bias else rng.choice(s["moves"]) for s in batch_states]
-            batch = collate([encode(s, m, processor) for s, m in zip(batch_states, said)], pad)
             rest = batch["labels"].clone()       # the reply's other tokens, teacher-forced on a sampled move
             rest[torch.arange(len(said)), answer_position(rest) + 1] = IGNORE
             out = model(**{**batch, "labels": rest})
