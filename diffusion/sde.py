@@ -168,8 +168,9 @@ def ddim_sde_step(
         eps = torch.sqrt(a_t) * out + torch.sqrt(1 - a_t) * x  # [B, C, H, W]
     else:
         raise ValueError(f"unknown prediction_type {prediction_type!r}; valid: {', '.join(PREDICTION_TYPES)}")
-    # 2. variance sigma_t(eta)^2 = eta^2 (1 - a_p) / (1 - a_t) (1 - a_t / a_p)
-    var = (1 - a_p) / (1 - a_t) * (1 - a_t / a_p)  # [B, 1, 1, 1] or []
+    # 2. variance sigma_t(eta)^2 = eta^2 (1 - a_p) / (1 - a_t) (1 - a_t / a_p); the last factor as
+    #    (a_p - a_t) / a_p: near the last step a_t / a_p rounds to about 1 in fp32 and 1 - it loses digits
+    var = (1 - a_p) / (1 - a_t) * ((a_p - a_t) / a_p)  # [B, 1, 1, 1] or []
     std = eta * torch.sqrt(var)  # [B, 1, 1, 1] or []
     # 3. mean: sqrt(a_p) x0_hat + "direction pointing to x_t" (clamped against fp32 round-off below 0)
     mean = torch.sqrt(a_p) * x0 + torch.sqrt((1 - a_p - std**2).clamp(min=0)) * eps  # [B, C, H, W]

@@ -95,11 +95,12 @@ def reinforce_pp(r: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
 @ESTIMATORS.register("grpo_batch_std")
 def grpo_batch_std(r: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     """Flow-GRPO (arXiv 2505.05470): group mean, std over the whole batch. Pair with
-    `algo.adv_clip: 5.0` for its [-5, 5] clipping."""
+    `algo.adv_clip: 5.0` for its [-5, 5] clipping. The std is the population std, as Flow-GRPO's
+    `np.std` (no Bessel correction); Flow-GRPO adds 1e-4 to it where this adds `eps`."""
     g = group_stats(r.float())
     keep = g.valid & g.has_signal                                 # [P, G]
     vals = r.float()[g.valid]                                     # [M]
-    std = vals.std() if vals.numel() >= 2 else torch.tensor(0.0)
+    std = vals.std(correction=0) if vals.numel() >= 2 else torch.tensor(0.0)
     return torch.where(keep, (r - g.mean) / (std + eps), 0.0)     # [P, G]
 
 

@@ -89,10 +89,11 @@ def test_reinforce_pp_table():
 
 
 def test_grpo_batch_std_table():
-    # valid values over the batch [0, 2, 1, 1, 1]: mean 1, sum sq 2, var 2 / 4 = 0.5, std 0.7071068
-    # row 0: group mean 1 -> [-1, 1] / 0.7071068; the NaN gets 0; row 1 has no signal -> 0
+    # valid values over the batch [0, 2, 1, 1, 1]: mean 1, sum sq 2, population var 2 / 5 = 0.4 (Flow-GRPO's
+    # np.std, no Bessel correction), std 0.6324555
+    # row 0: group mean 1 -> [-1, 1] / 0.6324555; the NaN gets 0; row 1 has no signal -> 0
     a = grpo_batch_std(T([[0, 2, NAN], [1, 1, 1]]))
-    close(a, [[-1.4142136, 1.4142136, 0], [0, 0, 0]])
+    close(a, [[-1.5811388, 1.5811388, 0], [0, 0, 0]])
 
 
 # ---------------------------------------------------------------- every estimator

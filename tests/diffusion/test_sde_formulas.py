@@ -79,6 +79,17 @@ def test_ddim_eta_matches_diffusers_at_every_timestep(eta, prediction_type, set_
         x = ref
 
 
+def test_ddim_std_keeps_fp32_accuracy_next_to_the_last_step():
+    """sigma_t^2 = (1 - a_p) / (1 - a_t) * (a_p - a_t) / a_p against float64: with a_t and a_p both near 1
+    (the last steps of SD's schedule) the textbook 1 - a_t / a_p loses about three digits in fp32."""
+    x = torch.zeros(1, 1, 2, 2)
+    for a_t, a_p in [(0.99991, 0.99995), (0.99965, 0.99983), (0.9991, 0.99915)]:
+        a_t32, a_p32 = torch.tensor(a_t).item(), torch.tensor(a_p).item()     # the fp32 values as given
+        step = ddim_sde_step(torch.zeros_like(x), x, a_t32, a_p32, eta=1.0)
+        exact = ((1 - a_p32) / (1 - a_t32) * (a_p32 - a_t32) / a_p32) ** 0.5   # Python floats: float64
+        assert abs(step.std.item() - exact) / exact < 2e-6, (a_t, a_p, step.std.item(), exact)
+
+
 def test_ddim_eta_cases_are_really_stochastic():
     """Guard for the test above: at eta > 0 the step std is far from 0 at a middle timestep and the last step
     with set_alpha_to_one=False is still random (so the log-prob comparison actually ran there)."""
