@@ -17,6 +17,20 @@ from mmrl.types import PromptBatch
 PROMPTS = ["a red circle", "two blue squares"]
 
 
+@torch.no_grad()
+def negative_embeddings(pipe, kind: str, group: int, max_sequence_length: int) -> dict:
+    """The pipeline's own encoding of the empty negative prompt for a call on PROMPTS (computed once; the
+    images are the same as when the pipeline encodes it in the call). SD's pipeline repeats given
+    negative embeddings per image itself, SD3's takes them per image."""
+    if kind == "sd":
+        _, neg = pipe.encode_prompt(PROMPTS, pipe.device, 1, True)
+        return {"negative_prompt_embeds": neg}
+    _, neg, _, neg_pooled = pipe.encode_prompt(PROMPTS, None, None, num_images_per_prompt=group,
+                                               do_classifier_free_guidance=True,
+                                               max_sequence_length=max_sequence_length)
+    return {"negative_prompt_embeds": neg, "negative_pooled_prompt_embeds": neg_pooled}
+
+
 def contenders(kind: str, steps: int, group: int):
     policy, cfg = tiny_diffusion_policy(kind, [f"policy.rollout_steps={steps}", "policy.timesteps.select=all",
                                                f"policy.forward_batch={2 * len(PROMPTS) * group}"])
@@ -26,10 +40,13 @@ def contenders(kind: str, steps: int, group: int):
     def mmrl_rollout():
         return policy.rollout(batch, group)
 
+    # the empty negative prompt encoded once, as mmrl does: otherwise every pipeline call re-encodes it
+    negative = negative_embeddings(pipe, kind, group, cfg.policy.max_sequence_length)
+
     def diffusers_pipeline():
         gen = torch.Generator().manual_seed(1)
         kwargs = dict(prompt=PROMPTS, num_images_per_prompt=group, num_inference_steps=steps,
-                      guidance_scale=cfg.policy.guidance_scale, generator=gen, output_type="pil")
+                      guidance_scale=cfg.policy.guidance_scale, generator=gen, output_type="pil", **negative)
         if kind != "sd":
             kwargs["max_sequence_length"] = cfg.policy.max_sequence_length
         return pipe(**kwargs).images
