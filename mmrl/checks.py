@@ -141,9 +141,9 @@ def check_rewards(cfg: Config) -> None:
     if not cfg.rewards:
         raise ConfigError("config key 'rewards' is empty: list at least one reward, e.g. [{name: format}]")
     try:
-        specs = parse_specs(list(cfg.rewards))
-        for i, s in enumerate(specs):
-            check(s.name, s.kwargs, f"rewards[{i}].name")
+        for key, entries in (("rewards", cfg.rewards), ("eval.diagnostics", cfg.eval.diagnostics)):
+            for i, s in enumerate(parse_specs(list(entries), key)):
+                check(s.name, s.kwargs, f"{key}[{i}].name")
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -79,6 +79,7 @@ class EvalConfig:
     every: int = 0                        # evaluate every K steps (0 = never); also at step 0 and the end when > 0
     max_prompts: int = 64                 # held-out prompts used per evaluation
     prompts_per_batch: int = 16
+    diagnostics: List[Any] = field(default_factory=list)  # reward entries scored on held-out outputs only, never trained on: eval/quality/<label>
 
 
 @dataclass(frozen=True)

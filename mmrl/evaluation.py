@@ -1,5 +1,7 @@
 """Held-out evaluation: the policy's deterministic output (greedy tokens, ODE images) on a
-fixed prompt set, scored by the run's rewards, logged as `eval/reward/...`."""
+fixed prompt set, scored by the run's rewards, logged as `eval/reward/...`, and by the diagnostics of
+`eval.diagnostics` (reward entries that measure quality but are never trained on), logged as
+`eval/quality/<label>` (the mean over the held-out outputs it could score)."""
 
 from __future__ import annotations
 
@@ -44,12 +46,17 @@ def evaluate(run, step: int) -> dict:
     valid = total[~torch.isnan(total)]
     out = {f"eval/{k}": v for k, v in metrics.items()}
     out["eval/reward/mean"] = float(valid.mean()) if valid.numel() else math.nan
+    labels = run.rewards.labels
+    if run.diagnostics is not None:                                         # measured, never trained on
+        quality, q_metrics = run.diagnostics.score(samples)                 # [M, D]
+        out.update({f"eval/quality/{label}": q_metrics[f"reward/{label}/mean"] for label in run.diagnostics.labels})
+        scores, labels = torch.cat([scores, quality], 1), labels + [f"quality/{x}" for x in run.diagnostics.labels]
     success = eval_success(samples) if cfg.env is not None else None
     if success is not None:
         out["eval/success"] = success
     if run.accelerator.is_main_process:
         path = os.path.join(cfg.output_dir, "samples", f"eval_step_{step:06d}.jsonl")
-        write_samples(path, samples, scores, run.rewards.labels)
+        write_samples(path, samples, scores, labels)
         if cfg.env is not None and samples:
             _episode_strip(os.path.splitext(path)[0] + "_episode.png", samples[0])
     return out

@@ -20,8 +20,16 @@ def read_rows(run_dir: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+QUALITY = "eval/quality/"       # eval.diagnostics (mmrl/evaluation.py)
+
+
+def quality_keys(rows: list[dict]) -> list[str]:
+    return sorted({k for r in rows for k in r if k.startswith(QUALITY)})
+
+
 def plot_rewards(run_dir: str, rows: list[dict]) -> str | None:
-    """Write `reward_curve.png`: train reward/mean and eval/reward/mean against step."""
+    """Write `reward_curve.png`: train reward/mean and eval/reward/mean against step, and the eval
+    diagnostics (eval/quality/...) on a second axis next to them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,7 +46,16 @@ def plot_rewards(run_dir: str, rows: list[dict]) -> str | None:
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
-    ax.legend()
+    handles, labels = ax.get_legend_handles_labels()
+    if quality_keys(rows):
+        qx = ax.twinx()
+        for i, key in enumerate(quality_keys(rows)):
+            qx.plot(*_series(rows, key), "s--", color=("tab:red", "tab:purple", "tab:brown", "tab:pink")[i % 4],
+                    label=key, alpha=0.8)
+        qx.set_ylabel("eval quality (diagnostic)")
+        more = qx.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, fontsize=8)
     fig.tight_layout()
     path = os.path.join(run_dir, "reward_curve.png")
     fig.savefig(path)
@@ -57,6 +74,9 @@ def summary_text(rows: list[dict]) -> str:
     esteps, evals = _series(rows, "eval/reward/mean")
     if evals:
         parts.append(f"eval reward {evals[0]:.3f} (step {esteps[0]}) -> {evals[-1]:.3f} (step {esteps[-1]})")
+    for key in quality_keys(rows):
+        qsteps, values = _series(rows, key)
+        parts.append(f"{key[len('eval/'):]} {values[0]:.3f} (step {qsteps[0]}) -> {values[-1]:.3f} (step {qsteps[-1]})")
     return "; ".join(parts) or "no rewards logged"
 
 

@@ -49,6 +49,7 @@ class Run:
     prompts_per_process: int
     start_step: int
     counters: dict
+    diagnostics: object = None      # eval.diagnostics as a RewardSet, or None
 
     @property
     def run_dir(self) -> str:
@@ -123,6 +124,8 @@ def setup(cfg: Config) -> Run:
     resume = _resume_path(cfg, os.path.join(cfg.output_dir, "checkpoints"))   # before anything is built
     try:
         rewards = RewardSet(parse_specs(list(cfg.rewards)))
+        diagnostics = (RewardSet(parse_specs(list(cfg.eval.diagnostics), "eval.diagnostics"))
+                       if cfg.eval.diagnostics else None)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     records, eval_records = _records(cfg)
@@ -145,7 +148,7 @@ def setup(cfg: Config) -> Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total_opt_steps))
     policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
     run = Run(cfg, acc, policy, rewards, records, eval_records, PromptSampler(len(records), cfg.seed),
-              optimizer, scheduler, params, p // world, 0, {"skipped": 0, "streak": 0})
+              optimizer, scheduler, params, p // world, 0, {"skipped": 0, "streak": 0}, diagnostics)
     if resume:
         state = checkpoint.load(resume, policy, optimizer, scheduler)
         run.sampler.load_state_dict(state["sampler"])

@@ -37,26 +37,27 @@ class RewardSpec:
     kwargs: dict = None
 
 
-def parse_specs(entries: list[Any]) -> list[RewardSpec]:
-    """Config `rewards:` list -> specs; errors name the entry and the key."""
+def parse_specs(entries: list[Any], key: str = "rewards") -> list[RewardSpec]:
+    """Config `rewards:` list (or another list of reward entries, at config key `key`) -> specs; errors
+    name the entry and the key."""
     specs, labels = [], set()
     for i, e in enumerate(entries):
         if isinstance(e, str):
             e = {"name": e}
         if not isinstance(e, dict) or "name" not in e:
-            raise ValueError(f"config key 'rewards[{i}]' must be a mapping with a 'name', got {e!r}")
+            raise ValueError(f"config key '{key}[{i}]' must be a mapping with a 'name', got {e!r}")
         e = dict(e)
         name = str(e["name"])
         label = str(e.get("label") or name.rsplit(":", 1)[-1])
         if label in labels:
-            raise ValueError(f"config key 'rewards[{i}]': label {label!r} is used twice; set 'label:' to tell them apart")
+            raise ValueError(f"config key '{key}[{i}]': label {label!r} is used twice; set 'label:' to tell them apart")
         labels.add(label)
         try:
             weight = float(e.get("weight", 1.0))
             timeout = None if e.get("timeout_s") is None else float(e["timeout_s"])
             frac = float(e.get("max_fail_frac", 0.5))
         except (TypeError, ValueError) as err:
-            raise ValueError(f"config key 'rewards[{i}]' ({name}): weight, timeout_s and max_fail_frac must be numbers: {err}")
+            raise ValueError(f"config key '{key}[{i}]' ({name}): weight, timeout_s and max_fail_frac must be numbers: {err}")
         kwargs = {k: v for k, v in e.items() if k not in RESERVED}
         specs.append(RewardSpec(name, label, weight, timeout, frac, kwargs))
     return specs

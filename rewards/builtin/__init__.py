@@ -8,4 +8,4 @@ episode:   env_return, env_success (multi-turn agents)
 """
 
 from rewards.builtin import clip, episode, grounding, image, text  # noqa: F401  (register on import)
-from rewards.shapes import verify  # noqa: F401,E402  (shapes_t2i, shapes_vlm)
+from rewards.shapes import quality, verify  # noqa: F401,E402  (shapes_t2i, shapes_vlm, shapes_stray)

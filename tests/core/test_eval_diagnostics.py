@@ -1,0 +1,44 @@
+"""`eval.diagnostics`: reward entries scored on the held-out outputs only (never trained on), logged as
+`eval/quality/<label>`, written next to the rewards in the eval samples, plotted and summarised."""
+
+import json
+
+import pytest
+
+from mmrl.checks import check_all
+from mmrl.config import ConfigError
+from mmrl.summary import summary_text
+from helpers import bandit_cfg, read_metrics, run_bandit
+
+DIAG = "eval.diagnostics=[{name: 'mmrl.bandit:match', label: acc}]"
+
+
+def test_diagnostics_are_logged_at_every_evaluation_and_never_in_training_rows(tmp_path):
+    run_bandit(tmp_path, "max_steps=4", "eval.every=2", DIAG)
+    rows = read_metrics(tmp_path)
+    evals = [r for r in rows if "eval/reward/mean" in r]
+    assert [r["step"] for r in evals] == [0, 2, 4]
+    for r in evals:                       # the same function as the reward: the same held-out mean
+        assert r["eval/quality/acc"] == pytest.approx(r["eval/reward/mean"])
+    assert all("eval/quality/acc" not in r for r in rows if "eval/reward/mean" not in r)
+    first = json.loads(open(tmp_path / "samples" / "eval_step_000000.jsonl").readline())
+    assert set(first["scores"]) == {"match", "quality/acc"}
+    assert "quality/acc" in summary_text(rows)
+    assert (tmp_path / "reward_curve.png").is_file()
+
+
+def test_without_diagnostics_no_quality_key(tmp_path):
+    run_bandit(tmp_path, "max_steps=2", "eval.every=2")
+    assert not any(k.startswith("eval/quality/") for r in read_metrics(tmp_path) for k in r)
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("[{name: no_such_metric}]", ["eval.diagnostics[0].name", "no_such_metric"]),
+    ("[{label: x}]", ["eval.diagnostics[0]", "name"]),
+    ("[{name: shapes_stray, bogus: 1}]", ["eval.diagnostics[0].name", "bogus", "threshold"]),
+])
+def test_a_bad_diagnostic_is_a_config_error_at_load(tmp_path, entry, words):
+    with pytest.raises(ConfigError) as err:
+        check_all(bandit_cfg(tmp_path, f"eval.diagnostics={entry}"))
+    for w in words:
+        assert w in str(err.value)
