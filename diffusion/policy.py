@@ -47,7 +47,8 @@ class Config:
     rollout_steps: int = 10               # S, denoising steps of a training rollout (denoising reduction)
     eval_steps: int = 40                  # ODE steps of evaluation images
     sde_schedule: str = "flow_grpo"       # flow families: flow_grpo (g = a sqrt(s/(1-s))) | dance_grpo (g = eta)
-    noise_level: float = 0.7              # a (flow_grpo), eta (dance_grpo), or DDIM eta (sd)
+                                          # | cps (coefficient-preserving: std = s' sin(a pi/2))
+    noise_level: float = 0.7              # a (flow_grpo; cps, in [0, 1]), eta (dance_grpo), or DDIM eta (sd)
     shared_noise: bool = False            # one initial noise per group (DanceGRPO), seeded from the prompt seed
     timesteps: TimestepsConfig = field(default_factory=TimestepsConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -222,6 +223,9 @@ def validate(cfg: Config) -> None:
                          f"got {cfg.sde_schedule!r}")
     if cfg.noise_level < 0:
         raise ValueError(f"config key 'policy.noise_level' must be >= 0, got {cfg.noise_level}")
+    if cfg.sde_schedule == "cps" and cfg.noise_level > 1:
+        raise ValueError(f"config key 'policy.noise_level' must be in [0, 1] with policy.sde_schedule=cps "
+                         f"(std = sigma_next sin(noise_level pi / 2)), got {cfg.noise_level}")
     timesteps.validate(cfg.timesteps, cfg.rollout_steps)
 
 

@@ -11,19 +11,22 @@ Coefficients (``sigma``, ``sigma_next``, ``alpha_prod_*``) are python floats, 0-
 tensors (one per batch row, broadcast over the non-batch dims). Callers index them by integer step from
 plain tensors; nothing here looks a timestep up or keeps schedule state.
 
-Deterministic steps: where ``std == 0`` (``noise_level=0``, ``eta=0``, or a DDIM step to alpha 1) the
-transition is a point mass. Such a row's sample is ``mean`` (exactly the ODE / DDIM step) and its
-``log_prob`` is defined as 0, sampled or scored (``prev_sample`` is not checked against ``mean``): the ratio
-of a deterministic step is 1 and it carries no policy gradient. ``gaussian_kl`` is 0 there too.
+Deterministic steps: where ``std == 0`` (``noise_level=0``, ``eta=0``, a DDIM step to alpha 1, or a ``cps``
+step to sigma 0) the transition is a point mass. Such a row's sample is ``mean`` (exactly the ODE / DDIM
+step) and its ``log_prob`` is defined as 0, sampled or scored (``prev_sample`` is not checked against
+``mean``): the ratio of a deterministic step is 1 and it carries no policy gradient. ``gaussian_kl`` is 0
+there too.
 
 Notation (variable -> paper symbol):
     sample           x_t (DDIM) / x_sigma (flow matching), the current latent
     velocity         v_theta(x_sigma, sigma) = noise - x0, the flow-matching model output
     sigma, sigma_next  sigma_t, sigma_{t-1}; dt = sigma_next - sigma < 0 (sigma runs 1 -> 0)
     g                diffusion coefficient g(sigma) of the reverse SDE (Flow-GRPO's sigma_t)
-    noise_level      a (Flow-GRPO) / eta (DanceGRPO)
+    noise_level      a (Flow-GRPO and its CPS sampler) / eta (DanceGRPO)
     alpha_prod_t     \\bar{alpha}_t = alphas_cumprod[t];  alpha_prod_prev: \\bar{alpha}_{t_prev}
     x0_hat, eps_hat  predicted clean sample f_theta(x_t, t) and predicted noise eps_theta(x_t, t)
+                     (flow matching: x - sigma v and x + (1 - sigma) v)
+    c                CPS: the noise coefficient sqrt(sigma_next^2 - std^2) of its mean
     eta              DDIM eta (0: DDIM, 1: DDPM-like variance)
     mean, std        mu_theta and sigma of the Gaussian policy pi(x_{t-1} | x_t)
 """
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-FLOW_SCHEDULES = ("flow_grpo", "dance_grpo")
+FLOW_SCHEDULES = ("flow_grpo", "dance_grpo", "cps")
 PREDICTION_TYPES = ("epsilon", "v_prediction")
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -49,8 +52,9 @@ class SDEStep:
     log_prob:    [B] fp32, mean over all non-batch dims of the elementwise log N(x'; mean, std^2)
                  (0 for rows with std == 0, see the module docstring).
     mean:        [B, ...] mu, in ``sample.dtype``.
-    std:         [B, 1, ..., 1] fp32 (one value per row, as many dims as the sample); for flow steps it
-                 already includes the sqrt(sigma - sigma_next) factor.
+    std:         [B, 1, ..., 1] fp32 (one value per row, as many dims as the sample), the true std of x':
+                 for flow_grpo / dance_grpo it already includes the sqrt(sigma - sigma_next) factor; for cps
+                 it is sigma_next sin(a pi / 2).
     """
 
     prev_sample: Tensor
@@ -109,6 +113,26 @@ def _flow_g(schedule: str, noise_level: float, sigma: Tensor, sigma_next: Tensor
     raise ValueError(f"unknown flow SDE schedule {schedule!r}; valid: {', '.join(FLOW_SCHEDULES)}")
 
 
+def _cps_mean_std(v: Tensor, x: Tensor, sigma: Tensor, sigma_next: Tensor, noise_level: float):
+    """Coefficient-preserving sampling (arXiv 2509.05952; Flow-GRPO's ``sde_type='cps'``).
+
+    x' = (1 - sigma_next) x0_hat + c eps_hat + std z, std = sigma_next sin(a pi / 2),
+    c = sqrt(sigma_next^2 - std^2): the noise coefficients keep c^2 + std^2 = sigma_next^2, as in the forward
+    process. That gives the forward marginal at sigma_next only where x0_hat and eps_hat are exact: the std does
+    not shrink with the step size, so this is no discretised SDE of the flow.
+    """
+    # 1. predicted noise; the predicted clean sample x0_hat = x - sigma v enters through step 3's Euler form
+    eps_hat = x + (1 - sigma) * v  # [B, C, H, W]
+    # 2. std and the noise coefficient of the mean (clamped against fp32 round-off below 0)
+    std = sigma_next * math.sin(noise_level * math.pi / 2)  # [B, 1, 1, 1] or []
+    c = torch.sqrt((sigma_next**2 - std**2).clamp(min=0))  # [B, 1, 1, 1] or []
+    # 3. mean = (1 - sigma_next) x0_hat + c eps_hat. (1 - sigma_next) x0_hat + sigma_next eps_hat is the Euler
+    #    step x + dt v, so the mean is written as that plus (c - sigma_next) eps_hat: the same value, and at
+    #    a = 0 (c = sigma_next) the Euler step bit for bit
+    mean = x + (sigma_next - sigma) * v + (c - sigma_next) * eps_hat  # [B, C, H, W]
+    return mean, std
+
+
 def flow_sde_step(
     velocity: Tensor,
     sample: Tensor,
@@ -121,14 +145,23 @@ def flow_sde_step(
     generator: torch.Generator | None = None,
     variance_noise: Tensor | None = None,
 ) -> SDEStep:
-    """Reverse-SDE step of a flow-matching model (x_sigma = (1 - sigma) x0 + sigma noise, v = noise - x0).
+    """Stochastic step of a flow-matching model (x_sigma = (1 - sigma) x0 + sigma noise, v = noise - x0).
 
-    Same marginals as the ODE step x' = x + dt v; with ``noise_level=0`` it is exactly that Euler step
-    (``FlowMatchEulerDiscreteScheduler.step``). Requires sigma > 0 and sigma_next <= sigma.
+    ``schedule``: ``flow_grpo`` and ``dance_grpo`` are reverse SDEs with diffusion g(sigma) (the ODE's
+    marginals, std = g sqrt(-dt)); ``cps`` is coefficient-preserving sampling (std = sigma_next sin(a pi / 2),
+    a in [0, 1]; deterministic at sigma_next = 0). With ``noise_level=0`` each is exactly the Euler step
+    x' = x + dt v (``FlowMatchEulerDiscreteScheduler.step``). Requires sigma > 0 and sigma_next <= sigma.
+
+    ``log_prob`` is the exact Gaussian one for every schedule. Flow-GRPO's cps code returns -(x' - mean)^2
+    averaged over dims instead (constants and 1/(2 std^2) dropped): not a log-density, and its log-ratios are
+    these times 2 std^2, so its clip range means something else.
     """
     x = sample.float()  # [B, C, H, W]
     v = velocity.float()  # [B, C, H, W]
     sigma, sigma_next = _coef(sigma, x), _coef(sigma_next, x)  # [B, 1, 1, 1] or []
+    if schedule == "cps":
+        mean, std = _cps_mean_std(v, x, sigma, sigma_next, noise_level)  # [B, C, H, W], [B, 1, 1, 1] or []
+        return _gaussian_step(mean, std, sample, prev_sample, generator, variance_noise)
     g = _flow_g(schedule, noise_level, sigma, sigma_next)  # [B, 1, 1, 1] or []
     dt = sigma_next - sigma  # [B, 1, 1, 1] or [], < 0
     # 1. drift: v minus g^2/2 times the score, score = -(x + (1 - sigma) v) / sigma

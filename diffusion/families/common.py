@@ -16,14 +16,14 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from diffusion.sde import SDEStep, ddim_sde_step, flow_sde_step
+from diffusion.sde import FLOW_SCHEDULES, SDEStep, ddim_sde_step, flow_sde_step
 
 
 @dataclass(frozen=True)
 class Schedule:
     """A sampler of S steps as tensors indexed by integer step i in [0, S) (no timestep lookups).
 
-    rule:      flow_grpo | dance_grpo (flow matching: coef = sigma_i, coef_next = sigma_{i+1})
+    rule:      flow_grpo | dance_grpo | cps (flow matching: coef = sigma_i, coef_next = sigma_{i+1})
                or epsilon | v_prediction (DDIM: coef = alphas_cumprod[t_i], coef_next = alpha of t_prev)
     model_t:   [S] the timestep the denoiser is given at step i.
     """
@@ -38,7 +38,7 @@ class Schedule:
 
     @property
     def flow(self) -> bool:
-        return self.rule in ("flow_grpo", "dance_grpo")
+        return self.rule in FLOW_SCHEDULES
 
 
 def sde_step(sched: Schedule, out: Tensor, x: Tensor, index: Tensor, noise_level: float,

@@ -9,7 +9,7 @@ from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 from diffusion.sde import SDEStep, ddim_sde_step, flow_sde_step, gaussian_kl
 
 SHAPE = (3, 4, 5, 6)  # [B, C, H, W]
-SCHEDULES = ["flow_grpo", "dance_grpo"]
+SCHEDULES = ["flow_grpo", "dance_grpo", "cps"]
 PREDICTION_TYPES = ["epsilon", "v_prediction"]
 
 
@@ -87,7 +87,7 @@ def test_ddim_eta0_matches_scheduler(prediction_type, set_alpha_to_one):
 
 # 3. log_prob == Normal(mean, std).log_prob(prev_sample).mean(non-batch dims), sampled and scored
 @pytest.mark.parametrize("scored", [False, True])
-@pytest.mark.parametrize("case", ["flow_grpo", "dance_grpo", "epsilon", "v_prediction"])
+@pytest.mark.parametrize("case", SCHEDULES + PREDICTION_TYPES)
 def test_log_prob_matches_torch_normal(case, scored):
     kw = {"prev_sample": torch.randn(SHAPE) * 0.5} if scored else {"generator": torch.Generator().manual_seed(3)}
     out = _flow(case, 0.7, **kw)[0] if case in SCHEDULES else _ddim(case, 1.0, **kw)[0]
@@ -100,7 +100,7 @@ def test_log_prob_matches_torch_normal(case, scored):
 
 # 4. re-scoring a drawn sample reproduces log_prob and mean (fp32 and bf16 inputs)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", ["flow_grpo", "dance_grpo", "epsilon", "v_prediction"])
+@pytest.mark.parametrize("case", SCHEDULES + PREDICTION_TYPES)
 def test_score_own_sample_is_consistent(case, dtype):
     g = torch.Generator().manual_seed(4)
     out, x = torch.randn(SHAPE, generator=g).to(dtype), torch.randn(SHAPE, generator=g).to(dtype)
@@ -117,11 +117,12 @@ def test_score_own_sample_is_consistent(case, dtype):
 
 
 # 5. [B] tensor coefficients give per-row results equal to scalar calls
-@pytest.mark.parametrize("case", ["flow_grpo", "dance_grpo", "epsilon", "v_prediction"])
+@pytest.mark.parametrize("case", SCHEDULES + PREDICTION_TYPES)
 def test_batched_coefficients_match_scalar_calls(case):
     g = torch.Generator().manual_seed(6)
     out, x = torch.randn(SHAPE, generator=g), torch.randn(SHAPE, generator=g)
-    if case in SCHEDULES:  # row 0 has sigma == 1 (flow_grpo uses sigma_next in the denominator there)
+    if case in SCHEDULES:  # row 0 has sigma == 1 (flow_grpo uses sigma_next in the denominator there), row 2
+        # steps to sigma 0 (std 0 for cps)
         c, c_next = torch.tensor([1.0, 0.7, 0.3]), torch.tensor([0.9, 0.5, 0.0])
         step = lambda o, s, a, b, **kw: flow_sde_step(o, s, a, b, noise_level=0.7, schedule=case, **kw)  # noqa: E731
     else:  # row 2 steps to alpha 1 (std 0)
@@ -163,7 +164,7 @@ def _integrate(schedule: str, noise_level: float, n_samples: int, n_steps: int) 
     return x[:, 0]  # [N]
 
 
-@pytest.mark.parametrize("schedule,noise_level", [("flow_grpo", 0.7), ("dance_grpo", 0.3)])
+@pytest.mark.parametrize("schedule,noise_level", [("flow_grpo", 0.7), ("dance_grpo", 0.3)])  # cps: test_cps.py
 def test_gaussian_toy_sde_reaches_data_distribution(schedule, noise_level):
     n, steps = 100_000, 200
     x_sde, x_ode = _integrate(schedule, noise_level, n, steps), _integrate(schedule, 0.0, n, steps)

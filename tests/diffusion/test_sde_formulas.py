@@ -193,7 +193,7 @@ def test_flow_grpo_and_dance_grpo_differ_where_expected():
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ["flow_grpo", "dance_grpo"])
+@pytest.mark.parametrize("schedule", ["flow_grpo", "dance_grpo", "cps"])
 @pytest.mark.parametrize("sigma,sigma_next", SIGMA_PAIRS + [(1.0, 0.0)])
 def test_zero_noise_flow_step_is_exactly_euler(schedule, sigma, sigma_next):
     """noise_level = 0 (ODE steps, e.g. outside a MixGRPO window): prev_sample == mean == x + v dt bit for bit
