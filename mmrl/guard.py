@@ -11,7 +11,7 @@ Notation (paper -> variable), per action (n, t), i.e. one denoising step of one 
     ||.||^2 / D          a mean over the D latent dims (the log-prob convention of every anchor)
     log r                log_r    log pi_theta(x') - log pi_old(x')
     b                    drift    ||mu_theta - mu_old||^2 / (2 D s^2), with grad through mu_theta
-    log r_hat            s * (log r + b)                          RatioNorm (the paper's eq. 8)
+    log r_hat            s * (log r + b)                          RatioNorm
     delta_t              weight   1 / dt, dt = sigma_t - sigma_{t+1}   gradient reweighting
 
 Why (the paper's analysis, derived here for the mean-over-dims log-prob): the rollout drew

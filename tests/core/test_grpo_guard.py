@@ -80,13 +80,15 @@ def test_ratio_norm_on_policy_ratio_is_exactly_one_and_the_gradient_is_s_times_t
     #   row 0 (A = 1):  -0.5/4 = -0.125, -0.5/4 = -0.125;   row 1 (A = -1): 0.2/4 = 0.05, 0.1/4 = 0.025
     old = T([[-1.3, 0.7], [2.0, -0.4]])
     logp = old.clone().requires_grad_(True)
-    scores = Scores(log_probs=logp, step_std=STD, mean_drift=torch.zeros(2, 2))
+    drift = torch.zeros(2, 2, requires_grad=True)        # the drift keeps its grad (through mu_theta)
+    scores = Scores(log_probs=logp, step_std=STD, mean_drift=drift)
     loss, m = policy_loss(scores, old, ADV, torch.ones(2, 2), None, LossSpec(clip_low=EPS, clip_high=EPS,
                                                                               ratio_norm=True))
     assert float(m["ratio/max_abs_dev"].value) == 0.0
     assert float(m["ratio/mean"].value) == 1.0
     loss.backward()
     close(logp.grad, [[-0.125, -0.125], [0.05, 0.025]])
+    close(drift.grad, [[-0.125, -0.125], [0.05, 0.025]])  # d log r_hat / d b = s, as for log r
 
 
 def test_ratio_norm_off_is_the_plain_ratio():
