@@ -7,6 +7,11 @@ KL:           exact Gaussian KL of the SDE step to the reference model's (LoRA d
               the reference's SDE-step means as a `Reference` (once per step, before the updates), and
               `log_probs(rollout, index, reference)` turns them into `Scores.kl`; without a reference it
               returns no KL, and its log-probs never depend on whether a reference was computed.
+GRPO-Guard:   (arXiv 2510.22319, `mmrl.guard`) `log_probs` also returns each step's std s (`Scores.step_std`)
+              and, flow families only, its weight 1 / dt with dt = sigma_i - sigma_{i+1} (`Scores.step_weight`);
+              built with algo.ratio_norm, the rollout records each trained step's mean mu_old
+              (`state["old_mean"]` [N, T, ...]) and `log_probs` returns the drift
+              ||mu_theta - mu_old||^2 / (2 D s^2) (`Scores.mean_drift`, the exact Gaussian KL's formula).
 save / load:  the trainable weights as one safetensors file (diffusers LoRA format for LoRA).
 """
 
@@ -70,6 +75,7 @@ class DiffusionPolicy(Policy):
         self.model = self.denoiser                       # the trainer may replace it with a wrapper
         self.device = family.device
         self.reference_model = None
+        self.keep_means = False                          # GRPO-Guard RatioNorm: record the rollout's step means
         self.sched = family.schedule(cfg.rollout_steps, cfg.sde_schedule)
         self.eval_sched = family.schedule(cfg.eval_steps, cfg.sde_schedule)
 
@@ -111,13 +117,15 @@ class DiffusionPolicy(Policy):
         cond_rows = [conds[t] for t in texts for _ in range(group_size)]
         with self._autocast():                                               # all prompts in one batch
             traj = denoise(self._denoiser(self.model, self.sched), torch.cat(xs).contiguous(), cond_rows, plan,
-                           self.cfg.noise_level, gens)
+                           self.cfg.noise_level, gens, keep_means=self.keep_means)
         images, samples = self._decode(traj.final), []
         for p, (row, text) in enumerate(zip(prompts.rows, texts)):
             samples += [self._sample(row, text, im, f"step {prompts.step} prompt {prompts.index[p]} sample {g}")
                         for g, im in enumerate(images[p * group_size:(p + 1) * group_size])]
         state = {"latents": traj.latents, "before": traj.before, "after": traj.after,
                  "step_index": traj.step_index, "cond": cond_rows}
+        if traj.means is not None:
+            state["old_mean"] = traj.means                                   # [N, T, ...] mu_old (RatioNorm)
         group = torch.arange(len(texts)).repeat_interleave(group_size)      # [N]
         return Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask, group=group, state=state)
 
@@ -134,15 +142,25 @@ class DiffusionPolicy(Policy):
     # --- update ------------------------------------------------------------------------------
     def log_probs(self, rollout: Rollout, index: torch.Tensor, reference: Reference | None = None) -> Scores:
         """Log-probs [n, T] of samples `index` with grad; with `reference` (the `reference_log_probs` of the
-        same samples) also the exact KL [n, T] of each step to the reference's step."""
+        same samples) also the exact KL [n, T] of each step to the reference's step; and the GRPO-Guard
+        terms (module docstring)."""
         rows, cols, x, x_next, steps, conds = transitions(rollout.state, rollout.mask, index)
         shape = (index.numel(), rollout.mask.shape[1])
         step = rescore(self._denoiser(self.model, self.sched), x, x_next, steps, conds, self.cfg.noise_level)
-        kl = None
+        kl = drift = weight = None
         if reference is not None:
             ref_mean = reference.state["mean"].to(step.mean.device)[rows, cols]            # [M, ...]
             kl = scatter(gaussian_kl(step.mean, ref_mean, step.std), rows, cols, shape)    # [n, T]
-        return Scores(log_probs=scatter(step.log_prob, rows, cols, shape), kl=kl)
+        if "old_mean" in rollout.state:
+            old = rollout.state["old_mean"]                                               # [N, T, ...]
+            old_mean = old[index.to(old.device)][rows.to(old.device), cols.to(old.device)].to(step.mean.device)  # [M, ...]
+            drift = scatter(gaussian_kl(step.mean, old_mean, step.std), rows, cols, shape)  # [n, T] b
+        if self.sched.flow:
+            dt = (self.sched.coef - self.sched.coef_next)[steps.to(self.sched.coef.device)]  # [M] sigma_i - sigma_{i+1}
+            weight = scatter(1.0 / dt.to(step.std.device), rows, cols, shape)             # [n, T] delta = 1 / dt
+        std = scatter(step.std.reshape(-1).detach(), rows, cols, shape)                    # [n, T] s
+        return Scores(log_probs=scatter(step.log_prob, rows, cols, shape), kl=kl, step_std=std, mean_drift=drift,
+                      step_weight=weight)
 
     @contextlib.contextmanager
     def _reference(self):
@@ -213,6 +231,22 @@ class DiffusionPolicy(Policy):
                 for row, t, im, i in zip(prompts.rows, texts, images, prompts.index)]
 
 
+_DDIM_MODELS = ("tiny:sd", "tiny:sd_v")
+
+
+def _ddim_reweight_error(what: str) -> ConfigError:
+    return ConfigError(f"config key 'algo.step_reweight': {what} samples with DDIM, where GRPO-Guard's 1/dt weight "
+                       "(a flow-matching step's dt = sigma_i - sigma_{i+1}) is not defined; set algo.step_reweight=false "
+                       "(algo.ratio_norm works with every family)")
+
+
+def validate_guard(cfg: Config, algo) -> None:
+    """GRPO-Guard options this section can serve: RatioNorm with every family, the 1/dt reweighting with flow
+    families only (checked here when the family is known from the config; else when the model is built)."""
+    if algo.step_reweight and (cfg.family == "sd" or (cfg.family == "auto" and cfg.model in _DDIM_MODELS)):
+        raise _ddim_reweight_error(f"policy.family={cfg.family!r} (model {cfg.model!r})")
+
+
 def validate(cfg: Config) -> None:
     """Checks of the `policy:` section that need no model (run when the config is loaded)."""
     for key in ("rollout_steps", "eval_steps", "forward_batch"):
@@ -260,5 +294,8 @@ def build(cfg: Config, ctx) -> DiffusionPolicy:
                                   revision=cfg.revision, variant=cfg.variant)
     family = families.load(name, model, opts)
     policy = DiffusionPolicy(cfg, family, ctx.accelerator)
+    if ctx.step_reweight and not policy.sched.flow:
+        raise _ddim_reweight_error(f"model {cfg.model!r} (family {name!r})")
+    policy.keep_means = ctx.ratio_norm
     _setup_training(policy, cfg, name, ctx.kl_beta)
     return policy

@@ -11,6 +11,7 @@ sample (<= min(2T, S + 1)); B samples in the batch; M = number of valid (sample,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ class Trajectories:
     step_index: Tensor   # [B, T] denoising step of each trained transition
     mask: Tensor         # [B, T] 1 for real transitions, 0 for padding
     log_probs: Tensor    # [B, T] log-prob of each trained transition at sampling time
+    means: Tensor | None = None  # [B, T, ...] SDE-step mean of each trained transition (keep_means), zeros at padding
 
 
 @dataclass(frozen=True)
@@ -52,15 +54,18 @@ def _noise(generators: list, x: Tensor) -> Tensor:
 
 
 def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: float,
-            generator: torch.Generator | list | None) -> Trajectories:
+            generator: torch.Generator | list | None, keep_means: bool = False) -> Trajectories:
     """Sample B trajectories from x [B, ...] (x_S), conditioned on `conds` (one Cond per row).
-    `generator`: one generator, or a list of them each owning an equal consecutive block of rows."""
+    `generator`: one generator, or a list of them each owning an equal consecutive block of rows.
+    `keep_means`: also record each trained transition's SDE-step mean (GRPO-Guard's mu_old)."""
     gens = generator if isinstance(generator, list) else None
     b, s = x.shape[0], len(d.sched)
     need = torch.zeros(b, s + 1, dtype=torch.bool)                           # [B, S + 1] latents to keep
     need[:, :s] |= plan.trained
     need[:, 1:] |= plan.trained
     kept, logp = {}, torch.zeros(b, s)                                        # position -> [B, ...]; [B, S]
+    col = plan.trained.long().cumsum(1) - 1                                   # [B, S] column of step s in [B, T]
+    means = x.new_zeros(b, int(col[:, -1].max()) + 1 if s else 0, *x.shape[1:]) if keep_means else None  # [B, T, ...]
     for i in range(s):
         if need[:, i].any():
             kept[i] = x
@@ -70,10 +75,13 @@ def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: fl
         z = _noise(gens, x) if gens is not None else None
         step = sde_step(d.sched, out, x, index, level, generator=None if gens else generator, variance_noise=z)
         logp[:, i] = step.log_prob.cpu()
+        if means is not None and plan.trained[:, i].any():
+            who = torch.nonzero(plan.trained[:, i]).squeeze(1)                # [b']
+            means[who.to(x.device), col[who, i].to(x.device)] = step.mean[who.to(x.device)]
         x = step.prev_sample
     if need[:, s].any():
         kept[s] = x
-    return _pack(x, kept, need, plan.trained, logp)
+    return dataclasses.replace(_pack(x, kept, need, plan.trained, logp), means=means)
 
 
 def _pack(final: Tensor, kept: dict, need: Tensor, trained: Tensor, logp: Tensor) -> Trajectories:

@@ -124,10 +124,11 @@ def check_run(cfg: Config) -> None:
 
 
 def check_policy(cfg: Config) -> None:
-    from mmrl.policies import validate_policy
+    from mmrl.policies import validate_guard, validate_policy
 
     try:
         validate_policy(cfg.policy)
+        validate_guard(cfg.policy, cfg.algo)
     except ConfigError:
         raise
     except ValueError as e:

@@ -72,6 +72,8 @@ class AlgoConfig:
     credit: str = "trajectory"            # episodes (env section): trajectory (StarPO) | turn_index | state (GiGPO); mmrl/credit.py
     turn_gamma: float = 1.0               # discount of the per-turn returns (turn_index / state credit)
     turn_weight: float = 1.0              # weight of the turn-level advantage added to the trajectory's (GiGPO's omega)
+    ratio_norm: bool = False              # GRPO-Guard RatioNorm: log r -> s (log r + drift) per denoising step (mmrl/guard.py; diffusion only)
+    step_reweight: bool = False           # GRPO-Guard gradient reweighting: each step's surrogate times 1/dt (flow-matching diffusion only)
 
 
 @dataclass(frozen=True)

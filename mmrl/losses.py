@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mmrl.guard import check_terms, ratio_norm
 from mmrl.reduce import maximum, weighted_mean
 from mmrl.registry import Registry
 from mmrl.types import Scores
@@ -100,16 +101,21 @@ def kl_estimate(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.
 
 
 def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float,
-                      dual_clip: float | None = None, level: str = "token"):
+                      dual_clip: float | None = None, level: str = "token", norm: tuple | None = None):
     """Per-action PPO/GRPO loss l = -min(r A, clip(r, 1-eps_low, 1+eps_high) A).
 
     adv: [n] one advantage per sample, or [n, T] one per action (turn-level credit, `mmrl.credit`).
     level "token": r per action; "sequence" (GSPO,
     arXiv 2507.18071): s = exp(mean_t(logp - old)) over the mask, shared by the sequence.
-    dual_clip c: for A < 0, l = min(l, -c A). Returns (l [n, T], metrics declared per token).
+    dual_clip c: for A < 0, l = min(l, -c A).
+    norm (std, drift), each [n, T]: GRPO-Guard's RatioNorm (`mmrl.guard`), log r -> std * (log r + drift)
+    before anything else. Returns (l [n, T], metrics declared per token).
     """
     mask = mask.float()
     log_r = logp.float() - old.float()                              # [n, T]
+    raw_log_r = log_r
+    if norm is not None:
+        log_r = ratio_norm(log_r, *norm)                            # [n, T]
     if level == "sequence":
         seq = (log_r * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)  # [n, 1]
         log_r = seq.expand_as(log_r)                                # [n, T]
@@ -146,6 +152,9 @@ def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float
             "ratio/mean": per_token((r * mask).sum() / count),
             "ratio/max_abs_dev": maximum(((r - 1).abs() * mask).max()),
         }
+        if norm is not None:                                        # the paper's diagnostics: raw ratio, drift
+            metrics["ratio/raw_mean"] = per_token((torch.exp(raw_log_r) * mask).sum() / count)
+            metrics["ratio_norm/drift"] = per_token((norm[1].detach().float() * mask).sum() / count)
     return l, metrics
 
 
@@ -159,15 +168,23 @@ class LossSpec:
     kl_beta: float = 0.0
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
+    ratio_norm: bool = False        # GRPO-Guard RatioNorm (needs Scores.step_std and Scores.mean_drift)
+    step_reweight: bool = False     # GRPO-Guard gradient reweighting (needs Scores.step_weight)
 
 
 def policy_loss(scores: Scores, old, adv, mask, ref, spec: LossSpec, norm: Normalizer | None = None):
     """Total loss of a microbatch: surrogate + beta * KL - entropy_coef * entropy,
     aggregated with `spec.aggregation`. `ref` [n, T] may be None when beta == 0 or the
-    adapter supplies `scores.kl`. Returns (loss, metrics)."""
+    adapter supplies `scores.kl`. With spec.ratio_norm / spec.step_reweight (GRPO-Guard,
+    `mmrl.guard`) the ratio is RatioNorm's and each action's surrogate is multiplied by
+    `scores.step_weight` (the KL and entropy terms are not). Returns (loss, metrics)."""
+    check_terms(scores, spec.ratio_norm, spec.step_reweight)
+    terms = (scores.step_std, scores.mean_drift) if spec.ratio_norm else None
     l, metrics = clipped_surrogate(scores.log_probs, old, adv, mask, clip_low=spec.clip_low,
                                    clip_high=spec.clip_high, dual_clip=spec.dual_clip,
-                                   level=spec.ratio_level)
+                                   level=spec.ratio_level, norm=terms)
+    if spec.step_reweight:
+        l = l * scores.step_weight.detach().float()                # [n, T] delta_t = 1 / dt
     maskf = mask.float()
     n_tok = maskf.sum()
     count = n_tok.clamp(min=1)

@@ -7,6 +7,9 @@ An adapter is a module (or any object) with
                                 ValueError naming the key; run when the config is loaded
     validate_episodes(cfg, env) present when the adapter runs environment episodes (`env:` section):
                                 checks that the policy section can run them, raising ValueError
+    validate_guard(cfg, algo)   present when the adapter's actions are Gaussian steps that can serve
+                                GRPO-Guard (algo.ratio_norm / algo.step_reweight, `mmrl.guard`):
+                                checks that this policy section can, raising ValueError
 `policy.name` is a registered name (below; imported only when a config asks for it, so the core
 never imports an adapter at module level) or a reference 'package.module:attr' /
 'path/to/file.py:attr' to a third-party adapter, which needs no edit of mmrl.
@@ -38,6 +41,8 @@ class BuildContext:
     accelerator: Any = None
     kl_beta: float = 0.0   # algo.kl_beta: adapters build no reference when it is 0
     env: Any = None        # the `env:` section (mmrl.config.EnvConfig) of a multi-turn agent run, else None
+    ratio_norm: bool = False  # algo.ratio_norm: the adapter records what Scores.mean_drift needs (rollout means)
+    step_reweight: bool = False  # algo.step_reweight: the adapter must supply Scores.step_weight
 
 
 def adapter(name: str):
@@ -69,6 +74,18 @@ def validate_episodes(cfg, env) -> None:
         raise ValueError(f"config section 'env': policy {cfg.name!r} does not run environment episodes "
                          "(multi-turn agents run with policy.name=vlm); remove the env section")
     check(cfg, env)
+
+
+def validate_guard(cfg, algo) -> None:
+    """Whether the adapter of `cfg` can serve algo.ratio_norm / algo.step_reweight (ValueError if not)."""
+    keys = [k for k in ("ratio_norm", "step_reweight") if getattr(algo, k)]
+    if not keys:
+        return
+    check = getattr(adapter(cfg.name), "validate_guard", None)
+    if check is None:
+        raise ValueError(f"config key 'algo.{keys[0]}': GRPO-Guard needs actions that are Gaussian denoising "
+                         f"steps (policy.name=diffusion); policy {cfg.name!r} has none; set algo.{keys[0]}=false")
+    check(cfg, algo)
 
 
 def build_policy(cfg, ctx: BuildContext):

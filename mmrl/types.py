@@ -77,11 +77,22 @@ class Scores:
     kl:        [n, T] exact per-action KL to the reference, computed by the adapter from the
                `Reference` it was handed (e.g. the Gaussian KL of two SDE steps), or None to let
                the core estimate it from `Reference.log_probs` (`algo.kl_estimator`).
+
+    GRPO-Guard terms (`mmrl.guard`), from adapters whose actions are Gaussian steps x' ~ N(mu, s^2)
+    with log-probs averaged over the D dims of x'; None where the adapter has none:
+    step_std:    [n, T] s, each action's std (no grad; 0 for deterministic steps). algo.ratio_norm
+    mean_drift:  [n, T] ||mu_theta - mu_old||^2 / (2 D s^2), mu_old the rollout's mean, with grad
+                 through mu_theta (0 where s == 0). algo.ratio_norm
+    step_weight: [n, T] the gradient weight of each action (diffusion: 1 / dt of its denoising step;
+                 no grad). algo.step_reweight
     """
 
     log_probs: torch.Tensor
     entropy: torch.Tensor | None = None
     kl: torch.Tensor | None = None
+    step_std: torch.Tensor | None = None
+    mean_drift: torch.Tensor | None = None
+    step_weight: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
