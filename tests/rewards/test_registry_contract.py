@@ -42,6 +42,7 @@ SPECS = {
     "hpsv2": ("image", lambda d: {"checkpoint": d["hps"], **tiny.tiny_clip_kwargs()}),
     "aesthetic": ("image", lambda d: {"checkpoint": d["mlp"], **tiny.tiny_clip_kwargs()}),
     "shapes_t2i": ("shapes_image", lambda d: {}),
+    "shapes_stray": ("image", lambda d: {}),
     "shapes_vlm": ("shapes_text", lambda d: {}),
     "env_return": ("episode", lambda d: {}),
     "env_success": ("episode", lambda d: {}),
