@@ -1,21 +1,23 @@
 """An exponential moving average (EMA) of the trained weights (`train.ema_decay > 0`).
 
-RL against a learned or rule-based reward drifts toward outputs that exploit it; the averaged
-weights move slower and evaluate more robustly. Flow-GRPO (arXiv:2505.05470, `flow_grpo/ema.py`)
-keeps one of its LoRA weights for evaluation and checkpoints; this module keeps one for any policy,
-over `policy.trainable_parameters()`.
+RL drifts toward outputs that exploit its reward; an average of the recent weights moves slower and is
+a guard against that when the run is evaluated and exported. Flow-GRPO (arXiv:2505.05470) evaluates
+and saves an EMA of its LoRA (`flow_grpo/ema.py`; decay 0.9, every 8 optimizer steps in its
+`scripts/train_sd3.py`). Here the average covers `policy.trainable_parameters()` of any policy.
 
-Notation (k counts the optimizer steps applied, skipped non-finite steps not included):
-    theta_k      the trained parameters after optimizer step k      `params`
-    bar_theta_k  their average, fp32, on the parameters' device       `shadow`
-    beta         `train.ema_decay`;  K = `train.ema_every`
+Notation (k counts the applied optimizer steps; a skipped non-finite step is not one):
+    theta_k      the trained parameters after optimizer step k          `params`
+    bar_theta_k  their average, fp32, on the parameters' device           `shadow`
+    beta, K      `train.ema_decay`, `train.ema_every`
     beta_k       min(beta, (1 + k) / (10 + k)) with `train.ema_warmup`, else beta
 
     bar_theta_0 = theta_0;   at k = K, 2K, ...:   bar_theta_k = beta_k * bar_theta_{k-K} + (1 - beta_k) * theta_k
 
-The warm-up cap (1 + k) / (10 + k) is Flow-GRPO's `get_current_decay` (diffusers' EMAModel caps
-its decay with the same expression): the average forgets the initial weights quickly at first (beta_1 = 2/11), and beta_k
-reaches beta = 0.9 at k = 80. Flow-GRPO updates its EMA when (k + 1) % K == 0; here k % K == 0.
+The cap (1 + k) / (10 + k) is Flow-GRPO's `get_current_decay` (diffusers' EMAModel caps its decay
+with the same expression): the average leaves the initial weights quickly (beta_1 = 2/11) and
+beta_k reaches beta = 0.9 at k = 80. Flow-GRPO averages when (k + 1) % K == 0, here when k % K == 0;
+it calls its update once per sample batch, so with gradient accumulation over A batches it averages
+the same weights in A times; here it is once per optimizer step.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import contextlib
 from typing import Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 
 class EMA:
@@ -73,11 +76,9 @@ class EMA:
 
     def load(self, path: str) -> None:
         """Restore `save`'s shadow and step count; a file of other shapes raises ValueError."""
-        from safetensors import safe_open
-
         with safe_open(path, "pt") as f:
             steps = int((f.metadata() or {})["steps"])
-        state = load_file(path)
+            state = {k: f.get_tensor(k) for k in f.keys()}
         want = {_key(i): tuple(bar.shape) for i, bar in enumerate(self.shadow)}
         got = {k: tuple(v.shape) for k, v in state.items()}
         if got != want:

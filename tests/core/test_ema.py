@@ -67,8 +67,9 @@ def test_the_warm_up_caps_the_decay_at_1_plus_k_over_10_plus_k():
     assert _ema([0.0], 0.9, warmup=False)[0].decay_at(1) == 0.9
 
 
-def test_the_average_is_an_fp32_copy_of_the_trainable_weights():
-    p = torch.nn.Parameter(torch.tensor([1.5, -2.25], dtype=torch.bfloat16))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_average_is_an_fp32_copy_of_the_trainable_weights(dtype):
+    p = torch.nn.Parameter(torch.tensor([1.5, -2.25], dtype=dtype))
     ema = EMA([p], 0.9)
     assert ema.shadow[0].dtype == torch.float32 and ema.shadow[0].device == p.device
     with torch.no_grad():
