@@ -16,7 +16,7 @@ from mmrl import checkpoint
 from mmrl.bandit import BanditPolicy
 from mmrl.bandit import Config as BanditConfig
 from mmrl.ema import EMA, averaged_weights, build_ema
-from mmrl.trainer import setup
+from mmrl.trainer import fit, setup
 
 EMA_RUN = ["max_steps=6", "checkpoint.every=3", "eval.every=3", "train.ema_decay=0.9"]
 
@@ -148,11 +148,12 @@ def _without_time(rows):
     return _without(("time/",), rows)
 
 
-def _record_eval_weights(monkeypatch) -> list:
+def _record_eval_weights(monkeypatch, run) -> list:
+    """(weights the evaluation generates from, the run's average then) at each evaluation."""
     seen, generate = [], BanditPolicy.generate_eval
 
     def recording(self, prompts):
-        seen.append(self.net.theta.detach().clone())
+        seen.append((self.net.theta.detach().clone(), run.ema.shadow[0].clone()))
         return generate(self, prompts)
 
     monkeypatch.setattr(BanditPolicy, "generate_eval", recording)
@@ -170,13 +171,15 @@ def test_evaluation_and_export_use_the_average_and_training_is_unchanged(tmp_pat
     exactly the run without an EMA; the checkpoint's policy_ema.safetensors loads as the average and
     policy.safetensors as the trained weights."""
     plain = run_bandit(tmp_path / "plain", *EMA_RUN[:-1])
-    seen = _record_eval_weights(monkeypatch)
-    run = run_bandit(tmp_path / "ema", *EMA_RUN)
+    run = setup(bandit_cfg(tmp_path / "ema", *EMA_RUN))
+    seen = _record_eval_weights(monkeypatch, run)
+    fit(run)
 
-    assert len(seen) == 3                                            # steps 0, 3, 6
-    assert torch.equal(seen[0], torch.zeros_like(seen[0]))          # the average starts at theta_0 (zeros)
-    assert torch.equal(seen[-1], run.ema.shadow[0]) and run.ema.steps == 12    # 6 steps x 2 update epochs
-    assert not torch.equal(seen[-1], run.params[0])
+    assert len(seen) == 3 and run.ema.steps == 12                    # evaluations at steps 0, 3, 6; 6 x 2 epochs
+    assert all(torch.equal(used, average) for used, average in seen)
+    assert torch.equal(seen[0][0], torch.zeros_like(seen[0][0]))     # the average starts at theta_0 (zeros)
+    assert not torch.equal(seen[1][0], seen[2][0])
+    assert torch.equal(seen[-1][0], run.ema.shadow[0]) and not torch.equal(seen[-1][0], run.params[0])
     assert torch.equal(run.params[0], plain.params[0])               # bit for bit: the swaps left no trace
     training = [_without(("time/", "eval/"), read_metrics(tmp_path / d)) for d in ("plain", "ema")]
     assert len(training[0]) == 7 and training[0] == training[1]
