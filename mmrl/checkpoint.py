@@ -2,6 +2,10 @@
 
 Layout of `output_dir/checkpoints/`:
     step_000010/   policy.safetensors, optimizer.pt, scheduler.pt, rng.pt, state.json
+                   with an EMA (`train.ema_decay > 0`, `mmrl.ema`) also:
+                   policy_ema.safetensors  the averaged weights in the policy's own format (`policy.save`),
+                                           what `policy.load` or diffusers' `load_lora_weights` take: the export
+                   ema.safetensors         the fp32 average and its step count (what resume restores)
     latest         the name of the newest complete checkpoint (replaced atomically)
 A directory named `step_*` is complete by construction, so a kill at any moment leaves
 the previous `latest` usable. What a killed write leaves behind (`.tmp_step_*_<pid>`,
@@ -26,6 +30,7 @@ from mmrl.config import ConfigError
 
 PREFIX = "step_"
 FILES = ("policy.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
+EMA_FILES = ("policy_ema.safetensors", "ema.safetensors")
 
 
 class CheckpointError(RuntimeError):
@@ -97,14 +102,22 @@ def _torch_save(obj, path: str) -> None:
         raise OSError(f"torch.save could not write {path!r}: {e}") from e
 
 
-def _write(tmp: str, step: int, policy, optimizer, scheduler, trainer_state: dict) -> None:
+def _save_weights(save, path: str) -> None:
     from safetensors import SafetensorError
 
-    os.makedirs(tmp)
     try:
-        policy.save(os.path.join(tmp, "policy.safetensors"))
+        save(path)
     except SafetensorError as e:  # how safetensors reports a failed write
-        raise OSError(f"cannot write {os.path.join(tmp, 'policy.safetensors')!r}: {e}") from e
+        raise OSError(f"cannot write {path!r}: {e}") from e
+
+
+def _write(tmp: str, step: int, policy, optimizer, scheduler, trainer_state: dict, ema) -> None:
+    os.makedirs(tmp)
+    _save_weights(policy.save, os.path.join(tmp, "policy.safetensors"))
+    if ema is not None:
+        with ema.swapped_in():
+            _save_weights(policy.save, os.path.join(tmp, "policy_ema.safetensors"))
+        _save_weights(ema.save, os.path.join(tmp, "ema.safetensors"))
     _torch_save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
     _torch_save(scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
     _torch_save(rng_state(), os.path.join(tmp, "rng.pt"))
@@ -129,17 +142,18 @@ def _publish(tmp: str, final: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def save(root: str, step: int, policy, optimizer, scheduler, trainer_state: dict, keep_last: int = 2) -> str:
-    """Write checkpoint `step` under `root` atomically; returns its path. An OS error (full disk,
-    read-only folder) removes the partial write and raises `CheckpointError`; the previous
-    checkpoint stays the `latest`."""
+def save(root: str, step: int, policy, optimizer, scheduler, trainer_state: dict, keep_last: int = 2,
+         ema=None) -> str:
+    """Write checkpoint `step` under `root` atomically, with the averaged weights of `ema` (a
+    `mmrl.ema.EMA`) when given; returns its path. An OS error (full disk, read-only folder) removes
+    the partial write and raises `CheckpointError`; the previous checkpoint stays the `latest`."""
     name = f"{PREFIX}{step:06d}"
     final, tmp = os.path.join(root, name), os.path.join(root, f".tmp_{name}_{os.getpid()}")
     published = False
     try:
         os.makedirs(root, exist_ok=True)
         _remove(tmp)
-        _write(tmp, step, policy, optimizer, scheduler, trainer_state)
+        _write(tmp, step, policy, optimizer, scheduler, trainer_state, ema)
         _publish(tmp, final)
         published = True
         _fsync_dir(root)
@@ -237,8 +251,12 @@ def _policy_name(policy) -> str:
     return f"{name!r}" + (f" (model {model})" if model else "")
 
 
-def _check_files(path: str) -> None:
+def _check_files(path: str, ema) -> None:
     missing = [n for n in FILES if not os.path.isfile(os.path.join(path, n))]
+    if not missing and ema is not None and not os.path.isfile(os.path.join(path, "ema.safetensors")):
+        raise IncompatibleCheckpoint(f"config key 'train.ema_decay' is {ema.decay} but checkpoint {path!r} holds no "
+                                     "ema.safetensors (its run kept no EMA); resume it with train.ema_decay=0, or "
+                                     "start a new run in another output_dir")
     if not missing:
         return
     hint = (f"; {path!r} looks like a run directory: pass output_dir={path} resume=auto, or resume={path}/checkpoints/"
@@ -247,15 +265,18 @@ def _check_files(path: str) -> None:
                                  f"an mmrl checkpoint folder holds {', '.join(FILES)}{hint}")
 
 
-def load(path: str, policy, optimizer, scheduler) -> dict:
-    """Restore everything saved by `save`; returns the trainer state (with `step`). A folder with
-    missing files, or weights of another policy, raise `IncompatibleCheckpoint`."""
+def load(path: str, policy, optimizer, scheduler, ema=None) -> dict:
+    """Restore everything saved by `save` (the average into `ema` when given); returns the trainer
+    state (with `step`). A folder with missing files, or weights of another policy, raise
+    `IncompatibleCheckpoint`."""
     from safetensors import SafetensorError
 
-    _check_files(path)
+    _check_files(path, ema)
     try:
         policy.load(os.path.join(path, "policy.safetensors"))
         optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))
+        if ema is not None:
+            ema.load(os.path.join(path, "ema.safetensors"))
     except (RuntimeError, ValueError, KeyError, SafetensorError) as e:
         detail = " ".join(str(e).split())
         raise IncompatibleCheckpoint(

@@ -85,6 +85,8 @@ def check_sizes(cfg: Config) -> None:
         at_least(f"train.{name}", getattr(t, name), 1)
     at_least("train.group_size", t.group_size, 2, " (group advantages compare the samples of a prompt)")
     at_least("train.grad_accum_steps", t.grad_accum_steps, 0, " (0 = the whole step in one optimizer step)")
+    within("train.ema_decay", t.ema_decay, 0, 1, high_open=True)
+    at_least("train.ema_every", t.ema_every, 1)
     at_least("max_steps", cfg.max_steps, 0)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)  # set by torchrun / accelerate launch
     if t.prompts_per_step % world:

@@ -35,6 +35,9 @@ class TrainConfig:
     update_epochs: int = 1                # passes over each step's samples
     samples_per_microbatch: int = 8       # samples in one forward/backward
     grad_accum_steps: int = 0             # microbatches per optimizer step; 0 = the whole step's batch
+    ema_decay: float = 0.0                # EMA of the trained weights for eval and policy_ema.safetensors (mmrl/ema.py); 0 = off, else in (0, 1)
+    ema_every: int = 1                    # average the weights in every K applied optimizer steps
+    ema_warmup: bool = True               # cap the decay at (1 + k) / (10 + k) at optimizer step k (Flow-GRPO)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Held-out evaluation: the policy's deterministic output (greedy tokens, ODE images) on a
 fixed prompt set, scored by the run's rewards, logged as `eval/reward/...`, and by the diagnostics of
 `eval.diagnostics` (reward entries that measure quality but are never trained on), logged as
-`eval/quality/<label>` (the mean over the held-out outputs it could score)."""
+`eval/quality/<label>` (the mean over the held-out outputs it could score). With an EMA
+(`train.ema_decay > 0`) the outputs come from the averaged weights (`mmrl.ema`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from mmrl.advantages import weighted_total
 from mmrl.data import eval_seed
+from mmrl.ema import averaged_weights
 from mmrl.episodes import EpisodeMeta, eval_success
 from mmrl.samples import write_samples, write_strip
 from mmrl.types import PromptBatch
@@ -36,11 +38,12 @@ def evaluate(run, step: int) -> dict:
     policy, cfg = run.policy, run.cfg
     records = run.eval_records[:cfg.eval.max_prompts]
     samples, bs = [], cfg.eval.prompts_per_batch
-    for lo in range(0, len(records), bs):
-        idx = list(range(lo, min(lo + bs, len(records))))
-        batch = PromptBatch(rows=[records[i] for i in idx], index=idx,
-                            seeds=[eval_seed(cfg.seed, i) for i in idx], step=-1)
-        samples += policy.generate_eval(batch)
+    with averaged_weights(run.ema):                  # the trained weights are back, bit for bit, after the block
+        for lo in range(0, len(records), bs):
+            idx = list(range(lo, min(lo + bs, len(records))))
+            batch = PromptBatch(rows=[records[i] for i in idx], index=idx,
+                                seeds=[eval_seed(cfg.seed, i) for i in idx], step=-1)
+            samples += policy.generate_eval(batch)
     scores, metrics = run.rewards.score(samples)                            # [M, K]
     total = weighted_total(scores, run.rewards.weights)                     # [M]
     valid = total[~torch.isnan(total)]

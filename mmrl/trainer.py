@@ -21,6 +21,7 @@ from mmrl.collect import collect
 from mmrl.config import Config, ConfigError, to_yaml
 from mmrl.console import header
 from mmrl.data import PromptSampler, load_records
+from mmrl.ema import EMA, build_ema
 from mmrl.evaluation import evaluate
 from mmrl.metrics import MetricsSink, truncate_after
 from mmrl.policies import BuildContext, build_policy
@@ -49,7 +50,8 @@ class Run:
     prompts_per_process: int
     start_step: int
     counters: dict
-    diagnostics: object = None      # eval.diagnostics as a RewardSet, or None
+    ema: EMA | None = None           # the average of `params` (train.ema_decay > 0), for eval and export
+    diagnostics: object = None       # eval.diagnostics as a RewardSet, or None
 
     @property
     def run_dir(self) -> str:
@@ -149,9 +151,10 @@ def setup(cfg: Config) -> Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total_opt_steps))
     policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
     run = Run(cfg, acc, policy, rewards, records, eval_records, PromptSampler(len(records), cfg.seed),
-              optimizer, scheduler, params, p // world, 0, {"skipped": 0, "streak": 0}, diagnostics)
+              optimizer, scheduler, params, p // world, 0, {"skipped": 0, "streak": 0}, build_ema(params, cfg.train),
+              diagnostics)
     if resume:
-        state = checkpoint.load(resume, policy, optimizer, scheduler)
+        state = checkpoint.load(resume, policy, optimizer, scheduler, run.ema)
         run.sampler.load_state_dict(state["sampler"])
         run.counters.update(state["counters"])
         run.start_step = int(state["step"])
@@ -165,7 +168,7 @@ def _save(run: Run, step: int) -> None:
     if acc.is_main_process:
         state = {"sampler": run.sampler.state_dict(), "counters": dict(run.counters)}
         checkpoint.save(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
-                        run.cfg.checkpoint.keep_last)
+                        run.cfg.checkpoint.keep_last, run.ema)
     acc.wait_for_everyone()
 
 

@@ -1,5 +1,6 @@
 """The update phase of a step: `update_epochs` passes of shuffled microbatches, gradient
-accumulation up to each optimizer step, grad-norm clipping, non-finite step skipping."""
+accumulation up to each optimizer step, grad-norm clipping, non-finite step skipping, the EMA of
+the weights after each applied optimizer step (`mmrl.ema`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def _optimizer_step(run, params, loss_total: float, counters: dict) -> float:
     if math.isfinite(grad_norm) and math.isfinite(loss_total):
         run.optimizer.step()
         run.scheduler.step()
+        if run.ema is not None:
+            run.ema.update()
         counters["streak"] = 0
     else:
         counters["skipped"] += 1

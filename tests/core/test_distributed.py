@@ -11,7 +11,7 @@ from helpers import free_port, read_metrics
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
 ARGS = ["max_steps=6", "train.prompts_per_step=4", "train.update_epochs=1", "eval.every=0",
-        "optim.eps=1.0", "logging.progress=false"]
+        "optim.eps=1.0", "logging.progress=false", "train.ema_decay=0.9"]
 
 
 @pytest.mark.slow
@@ -32,6 +32,9 @@ def test_two_processes_match_one_and_stay_in_sync(tmp_path):
     assert torch.equal(rank0, rank1)                              # DDP keeps ranks identical
     assert (a["thetas"][0].abs().max()) > 1e-2                    # training moved the parameters
     torch.testing.assert_close(rank0, a["thetas"][0], rtol=0, atol=1e-5)
+    ema0, ema1 = b["averages"]                                    # the EMA (train.ema_decay) too
+    assert torch.equal(ema0, ema1) and not torch.equal(ema0, rank0)
+    torch.testing.assert_close(ema0, a["averages"][0], rtol=0, atol=1e-5)
     rows_one, rows_two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [r["step"] for r in rows_one] == [r["step"] for r in rows_two] == [1, 2, 3, 4, 5, 6]
     for r1, r2 in zip(rows_one, rows_two, strict=True):

@@ -1,4 +1,6 @@
-"""Resume after SIGKILL continues exactly like an unbroken run (CPU, fixed seed)."""
+"""Resume after SIGKILL continues exactly like an unbroken run (CPU, fixed seed), with an EMA of the weights
+(train.ema_decay, mmrl/ema.py): the evaluations run on the average, so it must be restored exactly too. The
+EMA only adds files and swaps to the checkpoint path of a run without one (tests/core/test_ema.py)."""
 
 import os
 import signal
@@ -9,7 +11,8 @@ from testkit import BANDIT, mmrl_cmd
 from helpers import read_metrics
 
 COMMON = [BANDIT, "max_steps=24", "checkpoint.every=4", "eval.every=6", "policy.sleep_s=0.05",
-          "algo.kl_beta=0.05", "optim.schedule=cosine", "optim.warmup_steps=3"]
+          "algo.kl_beta=0.05", "optim.schedule=cosine", "optim.warmup_steps=3", "train.ema_decay=0.9",
+          "train.ema_every=2"]
 
 
 def _without_time(rows):
@@ -45,3 +48,6 @@ def test_resume_after_sigkill_matches_unbroken_run(tmp_path):
     a, b = _without_time(read_metrics(full)), _without_time(read_metrics(broken))
     assert [r["step"] for r in b] == [r["step"] for r in a]
     assert a == b
+    last = os.path.join("checkpoints", "step_000024")                # the trained and the averaged weights
+    for name in ("policy.safetensors", "policy_ema.safetensors", "ema.safetensors"):
+        assert (full / last / name).read_bytes() == (broken / last / name).read_bytes()

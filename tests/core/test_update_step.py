@@ -15,7 +15,7 @@ def _run(max_grad_norm: float, max_in_a_row: int = 3, lr: float = 1.0):
     w = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([w], lr=lr)
     cfg = SimpleNamespace(optim=SimpleNamespace(max_grad_norm=max_grad_norm, max_nonfinite_in_a_row=max_in_a_row))
-    run = SimpleNamespace(accelerator=None, cfg=cfg, optimizer=opt,
+    run = SimpleNamespace(accelerator=None, cfg=cfg, optimizer=opt, ema=None,
                           scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0))
     return run, w
 

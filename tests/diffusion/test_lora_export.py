@@ -72,3 +72,27 @@ def test_wrong_adapter_shape_is_a_clear_error(tmp_path):
     other = build("sd3", "lora.rank=2")
     with pytest.raises(Exception, match="size mismatch|does not match"):
         other.load(str(tmp_path / "policy.safetensors"))
+
+
+def test_a_checkpoints_policy_ema_file_loads_in_diffusers_as_the_average(tmp_path):
+    """With an EMA (train.ema_decay) a checkpoint also holds policy_ema.safetensors: the averaged LoRA in the
+    same diffusers format, so `load_lora_weights` gives the averaged model, not the trained one."""
+    from mmrl import checkpoint
+    from mmrl.ema import EMA
+
+    policy = build("sd3")
+    params = policy.trainable_parameters()
+    ema = EMA(params, 0.5, warmup=False)
+    perturb_lora(policy)
+    ema.update()                                                 # the average: half way to the perturbed LoRA
+    optimizer = torch.optim.AdamW(params)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
+    path = checkpoint.save(str(tmp_path), 1, policy, optimizer, scheduler, {}, ema=ema)
+    trained = _output(policy, policy.denoiser)
+    with ema.swapped_in():
+        averaged = _output(policy, policy.denoiser)
+    pipe = _fresh_pipeline("sd3")
+    pipe.load_lora_weights(path, weight_name="policy_ema.safetensors")
+    loaded = _output(policy, pipe.transformer)
+    assert not torch.allclose(averaged, trained)
+    torch.testing.assert_close(loaded, averaged, rtol=1e-4, atol=1e-5)
