@@ -24,6 +24,7 @@ from diffusion.families.common import Cond
 from diffusion.lora import LoraConfig, add_lora, export_lora, load_lora, save_lora
 from diffusion.sampler import Denoiser, denoise, rescore, scatter, transitions
 from diffusion.sde import FLOW_SCHEDULES, gaussian_kl
+from diffusion.text_cache import TextCache
 from diffusion.timesteps import StepPlan, TimestepsConfig
 from mmrl.config import ConfigError
 from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
@@ -53,7 +54,9 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)
     reference: bool = True                # full fine-tuning: keep a frozen copy for the KL (LoRA needs none)
     gradient_checkpointing: bool = False
-    forward_batch: int = 8                # denoiser rows per forward and VAE rows per decode, always exactly this many (padded)
+    forward_batch: int = 8                # denoiser rows per forward, always exactly this many (padded)
+    decode_batch: int = 0                 # VAE rows per decode, always exactly this many (padded); 0 = forward_batch
+    text_cache_size: int = 1024           # prompts whose text embeddings are kept (LRU) across steps; 0 = re-encode
 
 
 def _dtype(precision: str, device) -> torch.dtype:
@@ -71,6 +74,7 @@ class DiffusionPolicy(Policy):
         self.reference_model = None
         self.sched = family.schedule(cfg.rollout_steps, cfg.sde_schedule)
         self.eval_sched = family.schedule(cfg.eval_steps, cfg.sde_schedule)
+        self.text_cache = TextCache(lambda p: family.encode([p])[0], cfg.text_cache_size, family.text_encoders())
 
     # --- helpers -----------------------------------------------------------------------------
     def _autocast(self):
@@ -80,9 +84,9 @@ class DiffusionPolicy(Policy):
         return Denoiser(self.family, model, sched, self.cfg.guidance_scale, self.cfg.forward_batch)
 
     def encode(self, prompts: list[str]) -> dict[str, Cond]:
-        """Each distinct prompt through the frozen text encoders once, alone (batch 1), so its embedding
-        never depends on which other prompts this process happens to hold."""
-        return {p: self.family.encode([p])[0] for p in dict.fromkeys(prompts)}
+        """The `Cond` of each distinct prompt: encoded alone (batch 1), so that it never depends on which
+        other prompts this process holds, and kept across steps (text_cache.py; policy.text_cache_size)."""
+        return self.text_cache.get(prompts)
 
     def _prompt(self, row: dict) -> str:
         if self.cfg.prompt_key not in row:
@@ -121,9 +125,10 @@ class DiffusionPolicy(Policy):
         return Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask, group=group, state=state)
 
     def _decode(self, latents: torch.Tensor) -> list:
-        """Images of latents [B, ...], decoded `forward_batch` rows per call with the last call padded, so
-        an image never depends on how many others this process decodes with it (as for the denoiser)."""
-        k, images = self.cfg.forward_batch, []
+        """Images of latents [B, ...], decoded `decode_batch` rows per call with the last call padded, so
+        an image never depends on how many others this process decodes with it (as for the denoiser: on
+        CPU fp32 a VAE's output row changes in its last bits with the batch size and the row's position)."""
+        k, images = self.cfg.decode_batch or self.cfg.forward_batch, []
         for lo in range(0, latents.shape[0], k):
             part = latents[lo:lo + k]                                         # [<=k, ...]
             pad = part.new_zeros(k - part.shape[0], *part.shape[1:])
@@ -217,6 +222,12 @@ def validate(cfg: Config) -> None:
     for key in ("rollout_steps", "eval_steps", "forward_batch"):
         if getattr(cfg, key) < 1:
             raise ValueError(f"config key 'policy.{key}' must be >= 1, got {getattr(cfg, key)}")
+    if cfg.decode_batch < 0:
+        raise ValueError(f"config key 'policy.decode_batch' must be >= 1, or 0 for forward_batch; "
+                         f"got {cfg.decode_batch}")
+    if cfg.text_cache_size < 0:
+        raise ValueError(f"config key 'policy.text_cache_size' must be >= 0 (prompts kept; 0 disables the cache), "
+                         f"got {cfg.text_cache_size}")
     if cfg.sde_schedule not in FLOW_SCHEDULES:
         raise ValueError(f"config key 'policy.sde_schedule' must be one of {', '.join(FLOW_SCHEDULES)}; "
                          f"got {cfg.sde_schedule!r}")

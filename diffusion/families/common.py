@@ -138,6 +138,11 @@ class PipelineFamily:
         if self.uses_cfg:  # the encoded negative prompt, computed once
             self.uncond = self.encode([opts.negative_prompt])[0]
 
+    def text_encoders(self) -> list:
+        """The pipeline's text encoders (the modules a prompt's `Cond` depends on)."""
+        names = ("text_encoder", "text_encoder_2", "text_encoder_3")
+        return [m for m in (getattr(self.pipe, n, None) for n in names) if m is not None]
+
     def latent_grid(self) -> tuple[int, int, int]:
         """(channels, height, width) of one initial latent before packing."""
         f = self.pipe.vae_scale_factor
