@@ -74,6 +74,8 @@ def stack(conds: list[Cond], key: str) -> Tensor:
 def chunked_forward(forward: Callable[[dict], Tensor], rows: dict, chunk: int) -> Tensor:
     """forward(rows) over batch-first tensors in chunks of exactly `chunk` rows -> [R, ...]."""
     r = next(iter(rows.values())).shape[0]
+    if r == chunk:                                                            # exactly one chunk: no copies
+        return forward(rows)
     outs = []
     for lo in range(0, r, chunk):
         part = {k: v[lo:lo + chunk] for k, v in rows.items()}
