@@ -7,6 +7,8 @@ KL:           exact Gaussian KL of the SDE step to the reference model's (LoRA d
               the reference's SDE-step means as a `Reference` (once per step, before the updates), and
               `log_probs(rollout, index, reference)` turns them into `Scores.kl`; without a reference it
               returns no KL, and its log-probs never depend on whether a reference was computed.
+prompts:      each encoded alone (batch 1) and kept across steps in an LRU of `text_cache_size` prompts
+              (text_cache.py); images decoded `decode_batch` rows per VAE call (padded).
 save / load:  the trainable weights as one safetensors file (diffusers LoRA format for LoRA).
 """
 
@@ -56,7 +58,7 @@ class Config:
     gradient_checkpointing: bool = False
     forward_batch: int = 8                # denoiser rows per forward, always exactly this many (padded)
     decode_batch: int = 0                 # VAE rows per decode, always exactly this many (padded); 0 = forward_batch
-    text_cache_size: int = 1024           # prompts whose text embeddings are kept (LRU) across steps; 0 = re-encode
+    text_cache_size: int = 256            # prompts whose text embeddings are kept (LRU) across steps; 0 = re-encode
 
 
 def _dtype(precision: str, device) -> torch.dtype:
