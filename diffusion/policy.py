@@ -12,6 +12,8 @@ GRPO-Guard:   (arXiv 2510.22319, `mmrl.guard`) `log_probs` also returns each ste
               built with algo.ratio_norm, the rollout records each trained step's mean mu_old
               (`state["old_mean"]` [N, T, ...]) and `log_probs` returns the drift
               ||mu_theta - mu_old||^2 / (2 D s^2) (`Scores.mean_drift`, the exact Gaussian KL's formula).
+prompts:      each encoded alone (batch 1) and kept across steps in an LRU of `text_cache_size` prompts
+              (text_cache.py); images decoded `decode_batch` rows per VAE call (padded).
 save / load:  the trainable weights as one safetensors file (diffusers LoRA format for LoRA).
 """
 
@@ -29,6 +31,7 @@ from diffusion.families.common import Cond
 from diffusion.lora import LoraConfig, add_lora, export_lora, load_lora, save_lora
 from diffusion.sampler import Denoiser, denoise, rescore, scatter, transitions
 from diffusion.sde import FLOW_SCHEDULES, gaussian_kl
+from diffusion.text_cache import TextCache
 from diffusion.timesteps import StepPlan, TimestepsConfig
 from mmrl.config import ConfigError
 from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
@@ -59,7 +62,9 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)
     reference: bool = True                # full fine-tuning: keep a frozen copy for the KL (LoRA needs none)
     gradient_checkpointing: bool = False
-    forward_batch: int = 8                # denoiser rows per forward and VAE rows per decode, always exactly this many (padded)
+    forward_batch: int = 8                # denoiser rows per forward, always exactly this many (padded)
+    decode_batch: int = 0                 # VAE rows per decode, always exactly this many (padded); 0 = forward_batch
+    text_cache_size: int = 256            # prompts whose text embeddings are kept (LRU) across steps; 0 = re-encode
 
 
 def _dtype(precision: str, device) -> torch.dtype:
@@ -78,6 +83,7 @@ class DiffusionPolicy(Policy):
         self.keep_means = False                          # GRPO-Guard RatioNorm: record the rollout's step means
         self.sched = family.schedule(cfg.rollout_steps, cfg.sde_schedule)
         self.eval_sched = family.schedule(cfg.eval_steps, cfg.sde_schedule)
+        self.text_cache = TextCache(lambda p: family.encode([p])[0], cfg.text_cache_size, family.text_encoders())
 
     # --- helpers -----------------------------------------------------------------------------
     def _autocast(self):
@@ -87,9 +93,9 @@ class DiffusionPolicy(Policy):
         return Denoiser(self.family, model, sched, self.cfg.guidance_scale, self.cfg.forward_batch)
 
     def encode(self, prompts: list[str]) -> dict[str, Cond]:
-        """Each distinct prompt through the frozen text encoders once, alone (batch 1), so its embedding
-        never depends on which other prompts this process happens to hold."""
-        return {p: self.family.encode([p])[0] for p in dict.fromkeys(prompts)}
+        """The `Cond` of each distinct prompt: encoded alone (batch 1), so that it never depends on which
+        other prompts this process holds, and kept across steps (text_cache.py; policy.text_cache_size)."""
+        return self.text_cache.get(prompts)
 
     def _prompt(self, row: dict) -> str:
         if self.cfg.prompt_key not in row:
@@ -130,9 +136,10 @@ class DiffusionPolicy(Policy):
         return Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask, group=group, state=state)
 
     def _decode(self, latents: torch.Tensor) -> list:
-        """Images of latents [B, ...], decoded `forward_batch` rows per call with the last call padded, so
-        an image never depends on how many others this process decodes with it (as for the denoiser)."""
-        k, images = self.cfg.forward_batch, []
+        """Images of latents [B, ...], decoded `decode_batch` rows per call with the last call padded, so
+        an image never depends on how many others this process decodes with it (as for the denoiser: on
+        CPU fp32 a VAE's output row changes in its last bits with the batch size and the row's position)."""
+        k, images = self.cfg.decode_batch or self.cfg.forward_batch, []
         for lo in range(0, latents.shape[0], k):
             part = latents[lo:lo + k]                                         # [<=k, ...]
             pad = part.new_zeros(k - part.shape[0], *part.shape[1:])
@@ -252,6 +259,12 @@ def validate(cfg: Config) -> None:
     for key in ("rollout_steps", "eval_steps", "forward_batch"):
         if getattr(cfg, key) < 1:
             raise ValueError(f"config key 'policy.{key}' must be >= 1, got {getattr(cfg, key)}")
+    if cfg.decode_batch < 0:
+        raise ValueError(f"config key 'policy.decode_batch' must be >= 1, or 0 for forward_batch; "
+                         f"got {cfg.decode_batch}")
+    if cfg.text_cache_size < 0:
+        raise ValueError(f"config key 'policy.text_cache_size' must be >= 0 (prompts kept; 0 disables the cache), "
+                         f"got {cfg.text_cache_size}")
     if cfg.sde_schedule not in FLOW_SCHEDULES:
         raise ValueError(f"config key 'policy.sde_schedule' must be one of {', '.join(FLOW_SCHEDULES)}; "
                          f"got {cfg.sde_schedule!r}")

@@ -63,37 +63,41 @@ def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: fl
     need = torch.zeros(b, s + 1, dtype=torch.bool)                           # [B, S + 1] latents to keep
     need[:, :s] |= plan.trained
     need[:, 1:] |= plan.trained
-    kept, logp = {}, torch.zeros(b, s)                                        # position -> [B, ...]; [B, S]
+    keep, sde = need.any(0).tolist(), plan.sde.tolist()                     # python bools: no per-step checks
+    kept, logp = {}, []                                                       # position -> [B, ...]; S x [B]
     col = plan.trained.long().cumsum(1) - 1                                   # [B, S] column of step s in [B, T]
     means = x.new_zeros(b, int(col[:, -1].max()) + 1 if s else 0, *x.shape[1:]) if keep_means else None  # [B, T, ...]
     for i in range(s):
-        if need[:, i].any():
+        if keep[i]:
             kept[i] = x
         index = torch.full((b,), i, dtype=torch.long, device=x.device)       # [B]
         out = predict(d.family, d.model, x, index, conds, d.sched, d.guidance, d.chunk)  # [B, ...]
-        level = noise_level if bool(plan.sde[i]) else 0.0
         z = _noise(gens, x) if gens is not None else None
-        step = sde_step(d.sched, out, x, index, level, generator=None if gens else generator, variance_noise=z)
-        logp[:, i] = step.log_prob.cpu()
+        step = sde_step(d.sched, out, x, index, noise_level if sde[i] else 0.0,
+                        generator=None if gens else generator, variance_noise=z)
+        logp.append(step.log_prob)
         if means is not None and plan.trained[:, i].any():
             who = torch.nonzero(plan.trained[:, i]).squeeze(1)                # [b']
             means[who.to(x.device), col[who, i].to(x.device)] = step.mean[who.to(x.device)]
         x = step.prev_sample
-    if need[:, s].any():
+    if keep[s]:
         kept[s] = x
-    return dataclasses.replace(_pack(x, kept, need, plan.trained, logp), means=means)
+    return dataclasses.replace(_pack(x, kept, need, plan.trained, torch.stack(logp, 1).cpu()), means=means)  # logp [B, S]
 
 
 def _pack(final: Tensor, kept: dict, need: Tensor, trained: Tensor, logp: Tensor) -> Trajectories:
     """Per sample, stack its needed latents into slots and map each trained step to its two slots."""
     b = final.shape[0]
     index, mask = trained_index(trained)                                      # [B, T], [B, T]
-    u = int(need.sum(1).max()) if need.any() else 0
-    latents = final.new_zeros(b, u, *final.shape[1:])                         # [B, U, ...]
     slot = torch.where(need, need.long().cumsum(1) - 1, -1)                   # [B, S + 1] position -> slot
-    for pos, x in kept.items():                                               # one copy per position, all samples
-        who = torch.nonzero(need[:, pos]).squeeze(1)                          # [b']
-        latents[who.to(final.device), slot[who, pos].to(final.device)] = x[who.to(x.device)]
+    if bool((need == need[:1]).all()) and kept:                               # same positions for all: one copy
+        latents = torch.stack([kept[pos] for pos in sorted(kept)], 1)        # [B, U, ...]
+    else:
+        u = int(need.sum(1).max()) if need.any() else 0
+        latents = final.new_zeros(b, u, *final.shape[1:])                     # [B, U, ...]
+        for pos, x in kept.items():                                           # one copy per position, all samples
+            who = torch.nonzero(need[:, pos]).squeeze(1)                      # [b']
+            latents[who.to(final.device), slot[who, pos].to(final.device)] = x[who.to(x.device)]
     rows = torch.arange(b)[:, None]                                           # [B, 1]
     before = torch.where(mask > 0, slot[rows, index], 0)                      # [B, T]
     after = torch.where(mask > 0, slot[rows, index + 1], 0)                   # [B, T]

@@ -91,12 +91,10 @@ def trained_index(trained: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     Each row lists its trained steps in increasing order, right-padded with step 0 and mask 0.
     """
+    n, s = trained.shape
     counts = trained.sum(1)                                                   # [n]
     t = int(counts.max()) if trained.numel() else 0
-    index = torch.zeros(trained.shape[0], t, dtype=torch.long)                # [n, T]
-    mask = torch.zeros(trained.shape[0], t)                                   # [n, T]
-    for i in range(trained.shape[0]):
-        steps = torch.nonzero(trained[i]).squeeze(1)                          # [T_i]
-        index[i, :steps.numel()] = steps
-        mask[i, :steps.numel()] = 1.0
-    return index, mask
+    step = torch.arange(s)                                                    # [S]
+    first = torch.where(trained, step, s + step).argsort(dim=1)[:, :t]        # [n, T] trained steps first, in order
+    mask = (torch.arange(t) < counts[:, None]).float()                        # [n, T]
+    return torch.where(mask > 0, first, 0), mask

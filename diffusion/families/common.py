@@ -74,6 +74,8 @@ def stack(conds: list[Cond], key: str) -> Tensor:
 def chunked_forward(forward: Callable[[dict], Tensor], rows: dict, chunk: int) -> Tensor:
     """forward(rows) over batch-first tensors in chunks of exactly `chunk` rows -> [R, ...]."""
     r = next(iter(rows.values())).shape[0]
+    if r == chunk:                                                            # exactly one chunk: no copies
+        return forward(rows)
     outs = []
     for lo in range(0, r, chunk):
         part = {k: v[lo:lo + chunk] for k, v in rows.items()}
@@ -137,6 +139,11 @@ class PipelineFamily:
         self.height, self.width = opts.height or default, opts.width or default
         if self.uses_cfg:  # the encoded negative prompt, computed once
             self.uncond = self.encode([opts.negative_prompt])[0]
+
+    def text_encoders(self) -> list:
+        """The pipeline's text encoders (the modules a prompt's `Cond` depends on)."""
+        names = ("text_encoder", "text_encoder_2", "text_encoder_3")
+        return [m for m in (getattr(self.pipe, n, None) for n in names) if m is not None]
 
     def latent_grid(self) -> tuple[int, int, int]:
         """(channels, height, width) of one initial latent before packing."""
