@@ -52,6 +52,7 @@ class Config:
     max_sequence_length: int = 256        # T5 tokens (sd3, flux)
     prediction_type: Optional[str] = None  # sd: epsilon | v_prediction; None = the scheduler config's
     guidance_scale: float = 4.5           # CFG scale (sd3, sd; <= 1 disables CFG); flux: the guidance embedding
+    eval_guidance_scale: Optional[float] = None  # evaluation images' scale; None = guidance_scale (1.0 here with CFG at eval: training without CFG)
     rollout_steps: int = 10               # S, denoising steps of a training rollout (denoising reduction)
     eval_steps: int = 40                  # ODE steps of evaluation images
     sde_schedule: str = "flow_grpo"       # flow families: flow_grpo (g = a sqrt(s/(1-s))) | dance_grpo (g = eta)
@@ -89,8 +90,9 @@ class DiffusionPolicy(Policy):
     def _autocast(self):
         return self.acc.autocast() if self.acc is not None else contextlib.nullcontext()
 
-    def _denoiser(self, model, sched) -> Denoiser:
-        return Denoiser(self.family, model, sched, self.cfg.guidance_scale, self.cfg.forward_batch)
+    def _denoiser(self, model, sched, guidance: float | None = None) -> Denoiser:
+        scale = self.cfg.guidance_scale if guidance is None else guidance
+        return Denoiser(self.family, model, sched, scale, self.cfg.forward_batch)
 
     def encode(self, prompts: list[str]) -> dict[str, Cond]:
         """The `Cond` of each distinct prompt: encoded alone (batch 1), so that it never depends on which
@@ -225,14 +227,16 @@ class DiffusionPolicy(Policy):
     # --- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
     def generate_eval(self, prompts: PromptBatch) -> list:
-        """One deterministic ODE image per prompt at `eval_steps`, initial noise from the prompt seed."""
+        """One deterministic ODE image per prompt at `eval_steps` and `eval_guidance_scale` (None: the training
+        scale), initial noise from the prompt seed."""
         texts = [self._prompt(r) for r in prompts.rows]
         conds = self.encode(texts)
         x = torch.cat([self.family.noise(1, torch.Generator(self.device).manual_seed(s)) for s in prompts.seeds])
         n, s = x.shape[0], len(self.eval_sched)
         ode = StepPlan(sde=torch.zeros(s, dtype=torch.bool), trained=torch.zeros(n, s, dtype=torch.bool))
         with self._autocast():
-            traj = denoise(self._denoiser(self.model, self.eval_sched), x, [conds[t] for t in texts], ode, 0.0, None)
+            traj = denoise(self._denoiser(self.model, self.eval_sched, self.cfg.eval_guidance_scale), x,
+                           [conds[t] for t in texts], ode, 0.0, None)
         images = self._decode(traj.final)
         return [self._sample(row, t, im, f"eval prompt {i}")
                 for row, t, im, i in zip(prompts.rows, texts, images, prompts.index)]
