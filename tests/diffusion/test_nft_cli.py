@@ -76,3 +76,29 @@ def test_resumed_step_is_bit_exact_with_an_uninterrupted_run(resumed, tmp_path):
     for name in ("policy.safetensors", "policy.nft_old.safetensors"):
         a, b = checkpoint(tmp_path, 3, name), checkpoint(out, 3, name)
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_two_processes_train_like_one(resumed, tmp_path):
+    """accelerate launch with 2 CPU processes (gloo, DDP): same steps, same weights and old weights, up to
+    the rounding of a different split (the old forwards swap weights in place under the DDP wrapper)."""
+    import socket
+    import sys
+
+    out, first, _ = resumed
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+           "no", "--dynamo_backend", "no", "--main_process_port", str(port), "-m", "mmrl", "train",
+           tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2", "train.samples_per_microbatch=2", *NFT]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = rows(tmp_path)
+    for step in (1, 2):
+        for key in ("reward/mean", "loss", "grad_norm", "kl"):
+            assert two[step][key] == pytest.approx(first[step][key], rel=1e-4, abs=1e-8), (step, key)
+    for name in ("policy.safetensors", "policy.nft_old.safetensors"):
+        a, b = checkpoint(tmp_path, 2, name), checkpoint(out, 2, name)
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
