@@ -31,7 +31,6 @@ from diffusion import families, nft, timesteps, tiny
 from diffusion.families.common import Cond
 from diffusion.lora import LoraConfig, add_lora, export_lora, load_lora, save_lora
 from diffusion.sampler import Denoiser, denoise, rescore, scatter, transitions
-from diffusion.nft import validate_nft  # noqa: F401  (the adapter's algo.objective=nft check, mmrl.policies)
 from diffusion.sde import FLOW_SCHEDULES, gaussian_kl
 from diffusion.timesteps import StepPlan, TimestepsConfig
 from mmrl.config import ConfigError
@@ -266,6 +265,9 @@ def validate_guard(cfg: Config, algo) -> None:
     families only (checked here when the family is known from the config; else when the model is built)."""
     if algo.step_reweight and (cfg.family == "sd" or (cfg.family == "auto" and cfg.model in _DDIM_MODELS)):
         raise _ddim_reweight_error(f"policy.family={cfg.family!r} (model {cfg.model!r})")
+
+
+validate_nft = nft.validate_nft   # algo.objective=nft: what this section needs (mmrl.policies calls it at load)
 
 
 def validate(cfg: Config) -> None:

@@ -27,6 +27,9 @@ beta = 1, r = 1 is plain flow matching on the sample (v+ = v_theta).
 Adaptive weighting (the official code): each branch's error is measured on the clean sample it
 implies, x0_hat = x_t - t v_branch, so x0_hat - x0 = t (eps - x0) - t v_branch = -t (v_branch - v),
 and divided by its own mean absolute value (no grad): ||e||^2 / sg(mean |e|), e = t (v_branch - v).
+
+Regularisation (the official code): with algo.kl_beta > 0 each sample's loss adds kl_beta ||v_theta - v_ref||^2 / D,
+v_ref the reference (pretrained) model's velocity at the same x_t (`ForwardLoss.kl`; the code uses 1e-4).
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ def nft_loss(v_theta, v_old, v_target, r, t, beta: float, adaptive: bool = True)
         metrics: dict[str, Metric] = {
             "nft/loss_pos": weighted_mean(l_pos.mean(), b),
             "nft/loss_neg": weighted_mean(l_neg.mean(), b),
-            "nft/old_deviate": weighted_mean((v_theta - v_old).pow(2).mean(dims).mean(), b),  # ||v_theta - v_old||^2 / D
+            # ||v_theta - v_old||^2 / D: how far the trained policy has moved from the sampling one
+            "nft/old_deviate": weighted_mean((v_theta - v_old).pow(2).mean(dims).mean(), b),
         }
     return loss, metrics
 

@@ -134,7 +134,8 @@ def test_nft_with_a_policy_without_a_forward_process_loss_is_a_config_error(name
 @pytest.mark.parametrize("override,key", [
     ("algo.nft_beta=0", "algo.nft_beta"), ("algo.nft_adv_scale=-1", "algo.nft_adv_scale"),
     ("algo.nft_timesteps=-1", "algo.nft_timesteps"), ("algo.nft_old_decay_rate=-0.1", "algo.nft_old_decay_rate"),
-    ("algo.nft_old_decay_max=1.0", "algo.nft_old_decay_max"), ("algo.nft_old_decay_delay=-2", "algo.nft_old_decay_delay"),
+    ("algo.nft_old_decay_max=1.0", "algo.nft_old_decay_max"),
+    ("algo.nft_old_decay_delay=-2", "algo.nft_old_decay_delay"),
     ("algo.ratio_norm=true", "algo.ratio_norm"), ("algo.step_reweight=true", "algo.step_reweight"),
     ("algo.entropy_coef=0.01", "algo.entropy_coef"),
 ])

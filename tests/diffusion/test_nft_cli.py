@@ -92,7 +92,8 @@ def test_two_processes_train_like_one(resumed, tmp_path):
     cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
            "no", "--dynamo_backend", "no", "--main_process_port", str(port), "-m", "mmrl", "train",
            tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2", "train.samples_per_microbatch=2", *NFT]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     two = rows(tmp_path)
     for step in (1, 2):
