@@ -15,6 +15,9 @@ GRPO-Guard:   (arXiv 2510.22319, `mmrl.guard`) `log_probs` also returns each ste
 prompts:      each encoded alone (batch 1) and kept across steps in an LRU of `text_cache_size` prompts
               (text_cache.py); images decoded `decode_batch` rows per VAE call (padded).
 save / load:  the trainable weights as one safetensors file (diffusers LoRA format for LoRA).
+DiffusionNFT: (arXiv 2509.16117, algo.objective=nft, `diffusion.nft`) the old policy samples the rollouts,
+              which keep only the clean latents; `forward_process_loss` and `update_old` serve `mmrl.nft`,
+              and the old weights are saved next to the policy's file.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from diffusion import families, timesteps, tiny
+from diffusion import families, nft, timesteps, tiny
 from diffusion.families.common import Cond
 from diffusion.lora import LoraConfig, add_lora, export_lora, load_lora, save_lora
 from diffusion.sampler import Denoiser, denoise, rescore, scatter, transitions
@@ -34,7 +37,7 @@ from diffusion.sde import FLOW_SCHEDULES, gaussian_kl
 from diffusion.text_cache import TextCache
 from diffusion.timesteps import StepPlan, TimestepsConfig
 from mmrl.config import ConfigError
-from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
+from mmrl.types import ForwardLoss, Policy, PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
 
 
@@ -82,6 +85,7 @@ class DiffusionPolicy(Policy):
         self.device = family.device
         self.reference_model = None
         self.keep_means = False                          # GRPO-Guard RatioNorm: record the rollout's step means
+        self.nft_old = None                              # DiffusionNFT: the old (sampling) policy, nft.OldPolicy
         self.sched = family.schedule(cfg.rollout_steps, cfg.sde_schedule)
         self.eval_sched = family.schedule(cfg.eval_steps, cfg.sde_schedule)
         self.text_cache = TextCache(lambda p: family.encode([p])[0], cfg.text_cache_size, family.text_encoders())
@@ -122,19 +126,25 @@ class DiffusionPolicy(Policy):
             x = self.family.noise(1 if self.cfg.shared_noise else group_size, gens[-1])   # [1 or G, ...]
             xs.append(x.expand(group_size, *x.shape[1:]))                                  # [G, ...]
         plan = StepPlan(sde=plans[0].sde, trained=torch.cat([p.trained for p in plans]))  # sde: same for all
+        if self.nft_old is not None:                                         # NFT: no trained steps, old weights
+            plan = StepPlan(sde=plan.sde, trained=torch.zeros_like(plan.trained))
         cond_rows = [conds[t] for t in texts for _ in range(group_size)]
-        with self._autocast():                                               # all prompts in one batch
+        sampler = self.nft_old.active() if self.nft_old is not None else contextlib.nullcontext()
+        with self._autocast(), sampler:                                      # all prompts in one batch
             traj = denoise(self._denoiser(self.model, self.sched), torch.cat(xs).contiguous(), cond_rows, plan,
                            self.cfg.noise_level, gens, keep_means=self.keep_means)
         images, samples = self._decode(traj.final), []
         for p, (row, text) in enumerate(zip(prompts.rows, texts)):
             samples += [self._sample(row, text, im, f"step {prompts.step} prompt {prompts.index[p]} sample {g}")
                         for g, im in enumerate(images[p * group_size:(p + 1) * group_size])]
+        group = torch.arange(len(texts)).repeat_interleave(group_size)      # [N]
+        if self.nft_old is not None:                                         # one unit per sample: its x0
+            return Rollout(samples=samples, log_probs=None, mask=torch.ones(len(samples), 1), group=group,
+                           state=nft.rollout_state(traj.final, cond_rows, prompts.seeds, group_size))
         state = {"latents": traj.latents, "before": traj.before, "after": traj.after,
                  "step_index": traj.step_index, "cond": cond_rows}
         if traj.means is not None:
             state["old_mean"] = traj.means                                   # [N, T, ...] mu_old (RatioNorm)
-        group = torch.arange(len(texts)).repeat_interleave(group_size)      # [N]
         return Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask, group=group, state=state)
 
     def _decode(self, latents: torch.Tensor) -> list:
@@ -198,6 +208,12 @@ class DiffusionPolicy(Policy):
         mean[rows, cols] = step.mean
         return Reference(state={"mean": mean})
 
+    def forward_process_loss(self, rollout: Rollout, index: torch.Tensor, r: torch.Tensor, spec) -> ForwardLoss:
+        return nft.forward_process_loss(self, rollout, index, r, spec)
+
+    def update_old(self, decay: float) -> None:
+        self.nft_old.update(decay)
+
     def trainable_parameters(self):
         return [p for p in self.denoiser.parameters() if p.requires_grad]
 
@@ -209,6 +225,8 @@ class DiffusionPolicy(Policy):
             from safetensors.torch import save_file
 
             save_file({k: v.detach().cpu().contiguous() for k, v in self.denoiser.state_dict().items()}, path)
+        if self.nft_old is not None:
+            nft.save_old(self.nft_old, path)
 
     def load(self, path: str) -> None:
         if self.cfg.lora.rank > 0:
@@ -217,6 +235,8 @@ class DiffusionPolicy(Policy):
             from safetensors.torch import load_file
 
             self.denoiser.load_state_dict(load_file(path, device=str(self.device)))
+        if self.nft_old is not None:
+            nft.load_old(self.nft_old, path)
 
     def export_lora(self, folder: str) -> str:
         """Write a diffusers LoRA folder loadable with `pipe.load_lora_weights(folder)`."""
@@ -256,6 +276,9 @@ def validate_guard(cfg: Config, algo) -> None:
     families only (checked here when the family is known from the config; else when the model is built)."""
     if algo.step_reweight and (cfg.family == "sd" or (cfg.family == "auto" and cfg.model in _DDIM_MODELS)):
         raise _ddim_reweight_error(f"policy.family={cfg.family!r} (model {cfg.model!r})")
+
+
+validate_nft = nft.validate_nft   # algo.objective=nft: what this section needs (mmrl.policies calls it at load)
 
 
 def validate(cfg: Config) -> None:
@@ -313,6 +336,10 @@ def build(cfg: Config, ctx) -> DiffusionPolicy:
     policy = DiffusionPolicy(cfg, family, ctx.accelerator)
     if ctx.step_reweight and not policy.sched.flow:
         raise _ddim_reweight_error(f"model {cfg.model!r} (family {name!r})")
+    if ctx.objective == "nft" and not policy.sched.flow:
+        raise nft.ddim_error(f"model {cfg.model!r} (family {name!r})")
     policy.keep_means = ctx.ratio_norm
     _setup_training(policy, cfg, name, ctx.kl_beta)
+    if ctx.objective == "nft":
+        policy.nft_old = nft.OldPolicy(policy.denoiser)    # a copy of the start: old == theta at step 0
     return policy

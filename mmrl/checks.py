@@ -17,6 +17,7 @@ RATIO_LEVELS = ("token", "sequence")          # algo.ratio_level
 REWARD_COMBINES = ("reward_sum", "advantage_sum")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 PRECISIONS = ("fp32", "bf16", "fp16")
+OBJECTIVES = ("pg", "nft")                    # algo.objective
 
 
 def one_of(key: str, value, valid) -> None:
@@ -79,6 +80,30 @@ def check_algo(cfg: Config) -> None:
                           f"train.group_size/2 = {g // 2}, got {a.best_worst_k}")
 
 
+# policy-gradient options that have no meaning for the forward-process loss: key -> its value that is off
+_PG_ONLY = {"ratio_norm": False, "step_reweight": False, "entropy_coef": 0.0, "credit": "trajectory"}
+
+
+def check_objective(cfg: Config) -> None:
+    """algo.objective and the nft_* knobs (DiffusionNFT, `mmrl.nft`); the policy's own support is checked
+    with the policy section (`check_policy`)."""
+    a = cfg.algo
+    one_of("algo.objective", a.objective, OBJECTIVES)
+    if a.objective != "nft":
+        return
+    within("algo.nft_beta", a.nft_beta, 0, float("inf"), low_open=True)
+    within("algo.nft_adv_scale", a.nft_adv_scale, 0, float("inf"), low_open=True)
+    at_least("algo.nft_timesteps", a.nft_timesteps, 0, " (0 = every step of the rollout schedule)")
+    at_least("algo.nft_old_decay_rate", a.nft_old_decay_rate, 0)
+    within("algo.nft_old_decay_max", a.nft_old_decay_max, 0, 1, high_open=True)
+    at_least("algo.nft_old_decay_delay", a.nft_old_decay_delay, 0)
+    for key, off in _PG_ONLY.items():
+        if getattr(a, key) != off:
+            raise ConfigError(f"config key 'algo.{key}' is {getattr(a, key)!r}, an option of the policy gradient; "
+                              f"algo.objective=nft trains a forward-process loss without per-action log-probs: set "
+                              f"algo.{key}={off}, or algo.objective=pg")
+
+
 def check_sizes(cfg: Config) -> None:
     t = cfg.train
     for name in ("prompts_per_step", "update_epochs", "samples_per_microbatch"):
@@ -126,11 +151,12 @@ def check_run(cfg: Config) -> None:
 
 
 def check_policy(cfg: Config) -> None:
-    from mmrl.policies import validate_guard, validate_policy
+    from mmrl.policies import validate_guard, validate_nft, validate_policy
 
     try:
         validate_policy(cfg.policy)
         validate_guard(cfg.policy, cfg.algo)
+        validate_nft(cfg.policy, cfg.algo)
     except ConfigError:
         raise
     except ValueError as e:
@@ -205,6 +231,7 @@ def check_all(cfg: Config) -> None:
     check_run(cfg)
     check_sizes(cfg)
     check_algo(cfg)
+    check_objective(cfg)
     check_policy(cfg)
     check_env(cfg)
     check_data(cfg)

@@ -65,7 +65,7 @@ class AlgoConfig:
     ratio_level: str = "token"            # token | sequence (GSPO)
     aggregation: str = "token-mean"       # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     max_len_norm: Optional[int] = None    # constant of seq-mean-token-sum-norm; None = T of the batch
-    kl_beta: float = 0.0                  # KL coefficient; 0 runs no reference forward at all
+    kl_beta: float = 0.0                  # KL coefficient; 0 runs no reference forward at all (nft: times the velocity distance ||v_theta - v_ref||^2 / D)
     kl_estimator: str = "k3"              # k1 | k2 | k3 (ignored where the adapter computes an exact KL)
     entropy_coef: float = 0.0             # entropy bonus (needs an adapter that computes entropies)
     filter: str = "none"                  # none | dynamic (DAPO) | starpo (keep the highest-spread groups)
@@ -77,6 +77,14 @@ class AlgoConfig:
     turn_weight: float = 1.0              # weight of the turn-level advantage added to the trajectory's (GiGPO's omega)
     ratio_norm: bool = False              # GRPO-Guard RatioNorm: log r -> s (log r + drift) per denoising step (mmrl/guard.py; diffusion only)
     step_reweight: bool = False           # GRPO-Guard gradient reweighting: each step's surrogate times 1/dt (flow-matching diffusion only)
+    objective: str = "pg"                 # pg (policy gradient over per-action log-probs) | nft (DiffusionNFT's forward-process loss, mmrl/nft.py; diffusion only)
+    nft_beta: float = 1.0                 # nft: beta of the implicit policies v+- = v_old +- beta (v_theta - v_old); the loss is divided by it
+    nft_adv_scale: float = 5.0            # nft: Z of the optimality probability r = 1/2 + 1/2 clip(A / Z, -1, 1)
+    nft_adaptive_weight: bool = True      # nft: each branch's x0 error divided by its own mean |error| (official code)
+    nft_timesteps: int = 0                # nft: flow times per sample, distinct steps of the rollout schedule; 0 = all of them
+    nft_old_decay_rate: float = 0.001     # nft: sampling policy old <- eta old + (1 - eta) theta after training step k,
+    nft_old_decay_max: float = 0.5        #      eta = min(rate (k - delay), max), 0 before `delay` steps
+    nft_old_decay_delay: int = 0
 
 
 @dataclass(frozen=True)

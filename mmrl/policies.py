@@ -10,6 +10,9 @@ An adapter is a module (or any object) with
     validate_guard(cfg, algo)   present when the adapter's actions are Gaussian steps that can serve
                                 GRPO-Guard (algo.ratio_norm / algo.step_reweight, `mmrl.guard`):
                                 checks that this policy section can, raising ValueError
+    validate_nft(cfg, algo)     present when the policy implements the forward-process loss of
+                                algo.objective=nft (DiffusionNFT, `mmrl.nft`): checks that this policy
+                                section can serve it, raising ValueError
 `policy.name` is a registered name (below; imported only when a config asks for it, so the core
 never imports an adapter at module level) or a reference 'package.module:attr' /
 'path/to/file.py:attr' to a third-party adapter, which needs no edit of mmrl.
@@ -43,6 +46,7 @@ class BuildContext:
     env: Any = None        # the `env:` section (mmrl.config.EnvConfig) of a multi-turn agent run, else None
     ratio_norm: bool = False  # algo.ratio_norm: the adapter records what Scores.mean_drift needs (rollout means)
     step_reweight: bool = False  # algo.step_reweight: the adapter must supply Scores.step_weight
+    objective: str = "pg"  # algo.objective: nft builds what Policy.forward_process_loss needs (mmrl.nft)
 
 
 def adapter(name: str):
@@ -85,6 +89,18 @@ def validate_guard(cfg, algo) -> None:
     if check is None:
         raise ValueError(f"config key 'algo.{keys[0]}': GRPO-Guard needs actions that are Gaussian denoising "
                          f"steps (policy.name=diffusion); policy {cfg.name!r} has none; set algo.{keys[0]}=false")
+    check(cfg, algo)
+
+
+def validate_nft(cfg, algo) -> None:
+    """Whether the adapter of `cfg` can serve algo.objective=nft (ValueError if not)."""
+    if algo.objective != "nft":
+        return
+    check = getattr(adapter(cfg.name), "validate_nft", None)
+    if check is None:
+        raise ValueError(f"config key 'algo.objective': nft (DiffusionNFT) trains a flow-matching model on its clean "
+                         f"samples (policy.name=diffusion); policy {cfg.name!r} has no forward-process loss; set "
+                         "algo.objective=pg")
     check(cfg, algo)
 
 

@@ -132,7 +132,7 @@ def setup(cfg: Config) -> Run:
         raise ConfigError(str(e)) from None
     records, eval_records = _records(cfg)
     ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc, cfg.algo.kl_beta, cfg.env,
-                       cfg.algo.ratio_norm, cfg.algo.step_reweight)
+                       cfg.algo.ratio_norm, cfg.algo.step_reweight, cfg.algo.objective)
     try:
         policy = build_policy(cfg.policy, ctx)
     except ConfigError:

@@ -1,4 +1,5 @@
-"""The types every adapter and the core share: `Rollout`, `Scores`, `Reference`, `PromptBatch`, `Policy`.
+"""The types every adapter and the core share: `Rollout`, `Scores`, `ForwardLoss`, `Reference`, `PromptBatch`,
+`Policy`.
 
 Layout convention: a rollout holds N = P * G samples ordered by group, sample i belonging
 to prompt i // G; `group` records that index explicitly. T is the number of actions
@@ -96,6 +97,22 @@ class Scores:
 
 
 @dataclass(frozen=True)
+class ForwardLoss:
+    """What `Policy.forward_process_loss` returns for a microbatch of n samples (algo.objective=nft).
+
+    loss:    [n] each sample's DiffusionNFT loss with grad (`mmrl.nft.nft_loss`, averaged over its flow times).
+    kl:      [n] the distance of the trained model's velocity to the reference model's on the same noised
+             inputs, ||v_theta - v_ref||^2 / D (the official code's KL term), with grad; None unless the
+             `NFTSpec` asked for it (algo.kl_beta != 0).
+    metrics: name -> `mmrl.reduce.Metric`, e.g. nft_loss's nft/loss_pos, nft/loss_neg, nft/old_deviate.
+    """
+
+    loss: torch.Tensor
+    kl: torch.Tensor | None = None
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Reference:
     """What `Policy.reference_log_probs` returns: the frozen reference model's view of a rollout's
     actions, computed once per step without grad. The core hands each microbatch's slice
@@ -144,6 +161,17 @@ class Policy(Protocol):
     `BuildContext.kl_beta == 0` builds no reference model.
 
     Adapters subclass this protocol, so the documented defaults below apply to them.
+
+    Forward-process loss (algo.objective=nft, DiffusionNFT, `mmrl.nft`), optional: an adapter that serves
+    it has `validate_nft` (checked at load) and overrides the two members below. Its rollout then needs no
+    log-probs (`Rollout.log_probs` may be None, `mask` one column per sample) and is sampled by the "old"
+    policy; the core never calls `log_probs` or `reference_log_probs`.
+      forward_process_loss(rollout, index, r, spec) -> ForwardLoss: noise each sample's clean output at
+          `spec.timesteps` flow times drawn from a generator seeded by the sample's rollout seed and
+          `spec.draw` (never the global RNG or the rank), and return `mmrl.nft.nft_loss` per sample, r [n]
+          being each sample's optimality probability.
+      update_old(decay): old <- decay * old + (1 - decay) * theta, after each training step; the old
+          weights belong to the policy's checkpoint (`save` / `load`), so a resumed run is bit-exact.
     """
 
     model: torch.nn.Module
@@ -159,6 +187,16 @@ class Policy(Protocol):
     def save(self, path: str) -> None: ...
 
     def load(self, path: str) -> None: ...
+
+    def forward_process_loss(self, rollout: Rollout, index: torch.Tensor, r: torch.Tensor, spec) -> ForwardLoss:
+        """DiffusionNFT's loss of samples `index` (class docstring). Default: not served (a config error)."""
+        raise ConfigError(f"config key 'algo.objective': policy {type(self).__name__} has no forward-process "
+                          "loss; set algo.objective=pg")
+
+    def update_old(self, decay: float) -> None:
+        """Soft update of the sampling policy (class docstring). Default: not served (a config error)."""
+        raise ConfigError(f"config key 'algo.objective': policy {type(self).__name__} keeps no old policy; "
+                          "set algo.objective=pg")
 
     def generate_eval(self, prompts: PromptBatch) -> list:
         """One deterministic held-out output `Sample` per prompt (greedy tokens, ODE images), seeded

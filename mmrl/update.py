@@ -1,6 +1,7 @@
 """The update phase of a step: `update_epochs` passes of shuffled microbatches, gradient
 accumulation up to each optimizer step, grad-norm clipping, non-finite step skipping, the EMA of
-the weights after each applied optimizer step (`mmrl.ema`)."""
+the weights after each applied optimizer step (`mmrl.ema`); the same loop for both loss paths
+(algo.objective: the policy gradient, or DiffusionNFT's forward-process loss)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from mmrl.dist import all_reduce
 from mmrl.losses import LossSpec, Normalizer, policy_loss
+from mmrl.nft import forward_process_objective, update_old_policy
 from mmrl.reduce import Accumulator, Metric, maximum, mean
 
 
@@ -77,23 +79,42 @@ def _old_log_probs(run, ro, single_pass: bool) -> torch.Tensor | None:
         return torch.cat([run.policy.log_probs(ro, idx).log_probs for idx in torch.arange(len(ro)).split(mb)])
 
 
+def _pg_objective(run, ro, adv, single_pass: bool):
+    """The microbatch loss of the policy gradient: (idx, epoch, norm) -> (loss, metrics). The reference
+    (once per step, only with a KL) and the old log-probs are computed here, before any update."""
+    policy, spec = run.policy, loss_spec(run.cfg.algo)
+    ref = policy.reference_log_probs(ro, torch.arange(len(ro))) if spec.kl_beta != 0 else None  # Reference, once
+    old_all = _old_log_probs(run, ro, single_pass)                             # [N, T] or None
+
+    def loss_of(idx: torch.Tensor, epoch: int, norm: Normalizer):
+        ref_mb = None if ref is None else ref.select(idx)                     # the KL input, explicit
+        scores = policy.log_probs(ro, idx, ref_mb)                            # [n, T]
+        old = scores.log_probs.detach() if old_all is None else old_all[idx]
+        ref_lp = None if ref_mb is None else ref_mb.log_probs                 # [n, T] or None
+        return policy_loss(scores, old, adv[idx], ro.mask[idx], ref_lp, spec, norm)
+
+    return loss_of
+
+
 def update(run, batch, step: int) -> dict[str, Metric]:
     """Optimise the policy on one step's batch; returns the update metrics, merged over
-    this process's microbatches (the trainer merges processes)."""
+    this process's microbatches (the trainer merges processes). algo.objective picks the microbatch
+    loss: the policy gradient over per-action log-probs (pg), or DiffusionNFT's forward-process loss
+    over the clean samples (nft, `mmrl.nft`), after which the adapter's sampling policy is updated."""
     cfg, acc, policy = run.cfg, run.accelerator, run.policy
     ro = batch.rollout
     adv = (batch.advantages if batch.action_advantages is None else batch.action_advantages).to(acc.device)  # [N] or [N, T]
     n = len(ro)
     if n == 0:
         return {"update/skipped_empty": mean(1)}
-    spec = loss_spec(cfg.algo)
-    ref = policy.reference_log_probs(ro, torch.arange(n)) if spec.kl_beta != 0 else None  # Reference, once
+    nft = cfg.algo.objective == "nft"
     mb = cfg.train.samples_per_microbatch
     per_opt = samples_per_optimizer_step(cfg.train, n)
-    old_all = _old_log_probs(run, ro, cfg.train.update_epochs == 1 and per_opt >= n)            # [N, T] or None
+    single_pass = cfg.train.update_epochs == 1 and per_opt >= n
+    loss_of = forward_process_objective(run, batch) if nft else _pg_objective(run, ro, adv, single_pass)
     gen = torch.Generator().manual_seed(cfg.seed * 7_919 + step)
     metrics, counters, first_dev = Accumulator(), run.counters, None
-    for _ in range(cfg.train.update_epochs):
+    for epoch in range(cfg.train.update_epochs):
         perm = torch.randperm(n, generator=gen)                                   # [N]
         for chunk in perm.split(per_opt):
             norm = _normalizer(run, ro.mask[chunk])
@@ -102,19 +123,17 @@ def update(run, batch, step: int) -> dict[str, Metric]:
             for i, idx in enumerate(micro):
                 sync = contextlib.nullcontext() if i == len(micro) - 1 else acc.no_sync(policy.model)
                 with sync, acc.autocast():
-                    ref_mb = None if ref is None else ref.select(idx)             # the KL input, explicit
-                    scores = policy.log_probs(ro, idx, ref_mb)                    # [n, T]
-                    old = scores.log_probs.detach() if old_all is None else old_all[idx]
-                    mask = ro.mask[idx]
-                    ref_lp = None if ref_mb is None else ref_mb.log_probs         # [n, T] or None
-                    loss, m = policy_loss(scores, old, adv[idx], mask, ref_lp, spec, norm)
+                    loss, m = loss_of(idx, epoch, norm)
                     acc.backward(loss)
                 loss_total += float(loss.detach())
-                if first_dev is None:
+                if first_dev is None and "ratio/max_abs_dev" in m:
                     first_dev = float(m["ratio/max_abs_dev"].value)
                 metrics.add(m)
             grad_norm = _optimizer_step(run, run.params, loss_total, counters)
             metrics.add({"loss": mean(loss_total), "grad_norm": mean(grad_norm)})
-    metrics.add({"ratio/first_max_abs_dev": maximum(first_dev), "nonfinite/skipped": mean(counters["skipped"]),
-                 "optim/lr": mean(run.scheduler.get_last_lr()[0])})
+    if first_dev is not None:
+        metrics.add({"ratio/first_max_abs_dev": maximum(first_dev)})
+    if nft:
+        metrics.add(update_old_policy(run, step))
+    metrics.add({"nonfinite/skipped": mean(counters["skipped"]), "optim/lr": mean(run.scheduler.get_last_lr()[0])})
     return metrics.metrics()

@@ -11,7 +11,7 @@ from diffusion_helpers import REPO
 from mmrl.config import load_config
 
 RECIPES = {"sd35m_flow_grpo.yaml": ("sd3", 9), "flux_dev_dance_grpo.yaml": ("flux", 10),
-           "sd15_ddpo.yaml": ("sd", 50)}  # file -> (family, trained steps per sample)
+           "sd15_ddpo.yaml": ("sd", 50), "sd35m_nft.yaml": ("sd3", 10)}  # file -> (family, trained steps per sample)
 
 
 def recipe(name):
@@ -23,7 +23,10 @@ def test_recipe_loads_as_written(name):
     cfg = load_config(recipe(name))
     assert cfg.policy.name == "diffusion" and not cfg.policy.model.startswith("tiny:")
     timesteps.validate(cfg.policy.timesteps, cfg.policy.rollout_steps)
-    assert cfg.algo.clip_low <= 1e-3 and cfg.algo.clip_high <= 1e-3  # the tiny clip ranges of the anchors
+    if cfg.algo.objective == "nft":  # DiffusionNFT: no ratio to clip; CFG-free rollouts, 9 of 10 flow times
+        assert cfg.policy.guidance_scale == 1.0 and cfg.algo.nft_timesteps == 9
+    else:
+        assert cfg.algo.clip_low <= 1e-3 and cfg.algo.clip_high <= 1e-3  # the tiny clip ranges of the anchors
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -55,3 +58,5 @@ def test_recipe_training_plan_builds_on_a_tiny_model(name, tmp_path):
         assert len(names) == len(list(policy.denoiser.parameters()))  # full fine-tuning
         assert (policy.reference_model is not None) == cfg.policy.reference
     assert run.params == policy.trainable_parameters()
+    if cfg.algo.objective == "nft":  # the old (sampling) policy: a copy of the LoRA
+        assert policy.nft_old is not None and policy.nft_old.params == run.params

@@ -1,0 +1,105 @@
+"""`mmrl train` of the tiny SD3 smoke config with algo.objective=nft (DiffusionNFT) through a subprocess:
+finite losses and the nft metrics, the old policy in each checkpoint, and a resume that is bit-exact."""
+
+import json
+import math
+import os
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffusion_helpers import tiny_config
+from testkit import mmrl_cmd
+
+pytestmark = pytest.mark.slow
+NFT = ["algo.objective=nft", "algo.nft_timesteps=2", "algo.nft_old_decay_rate=0.25", "checkpoint.every=1",
+       "eval.every=2"]                                     # decay 0.25 per step: old and theta differ visibly
+KEYS = ["reward/mean", "loss", "grad_norm", "nft/loss_pos", "nft/loss_neg", "nft/old_deviate", "nft/r_mean",
+        "nft/old_decay", "kl"]                             # kl: sd3_tiny.yaml has kl_beta 0.04 (LoRA off = reference)
+
+
+def train(out_dir, *overrides):
+    cmd = mmrl_cmd("train", tiny_config("sd3"), f"output_dir={out_dir}", *NFT, *overrides)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def rows(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+
+
+def checkpoint(out_dir, step, name):
+    return load_file(os.path.join(out_dir, "checkpoints", f"step_{step:06d}", name))
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """Two steps with a checkpoint after each, then a resume to step 3."""
+    out = tmp_path_factory.mktemp("nft_run")
+    train(out, "max_steps=2")
+    first = rows(out)
+    result = train(out, "max_steps=3", "resume=auto")
+    return out, first, result
+
+
+def test_losses_are_finite_and_the_nft_metrics_logged(resumed):
+    _, first, _ = resumed
+    assert sorted(first) == [1, 2]
+    for step, r in first.items():
+        missing = [k for k in KEYS if r.get(k) is None]
+        assert not missing, (step, missing)
+        assert all(math.isfinite(r[k]) for k in KEYS) and r["loss"] > 0
+        assert "clip_frac" not in r and "ratio/first_max_abs_dev" not in r   # no policy-gradient metrics
+    assert first[1]["nft/old_deviate"] == 0.0                  # old == theta in the first step (a copy of the start)
+    assert first[1]["nft/old_decay"] == 0.25 and first[2]["nft/old_decay"] == 0.5
+
+
+def test_each_checkpoint_holds_the_old_policy(resumed):
+    out, _, _ = resumed
+    policy, old = checkpoint(out, 2, "policy.safetensors"), checkpoint(out, 2, "policy.nft_old.safetensors")
+    lora = {k.split(".", 1)[1].replace(".weight", ".default.weight"): v for k, v in policy.items()}
+    assert sorted(old) == sorted(lora)                         # the LoRA's weights, by parameter name
+    assert any(not torch.equal(old[k], lora[k]) for k in old)  # decay 0.5: old lags theta
+
+
+def test_resumed_step_is_bit_exact_with_an_uninterrupted_run(resumed, tmp_path):
+    out, _, result = resumed
+    assert "resumed from" in result.stderr and "at step 2" in result.stderr
+    train(tmp_path, "max_steps=3")
+    straight, again = rows(tmp_path)[3], rows(out)[3]
+    for key in KEYS:
+        assert straight[key] == again[key], key
+    for name in ("policy.safetensors", "policy.nft_old.safetensors"):
+        a, b = checkpoint(tmp_path, 3, name), checkpoint(out, 3, name)
+        assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_two_processes_train_like_one(resumed, tmp_path):
+    """accelerate launch with 2 CPU processes (gloo, DDP): same steps, same weights and old weights, up to
+    the rounding of a different split (the old forwards swap weights in place under the DDP wrapper)."""
+    import socket
+    import sys
+
+    out, first, _ = resumed
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+           "no", "--dynamo_backend", "no", "--main_process_port", str(port), "-m", "mmrl", "train",
+           tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2", "train.samples_per_microbatch=2", *NFT]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = rows(tmp_path)
+    for step in (1, 2):
+        for key in ("reward/mean", "loss", "grad_norm", "kl"):
+            assert two[step][key] == pytest.approx(first[step][key], rel=1e-4, abs=1e-8), (step, key)
+    for name in ("policy.safetensors", "policy.nft_old.safetensors"):
+        a, b = checkpoint(tmp_path, 2, name), checkpoint(out, 2, name)
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
