@@ -43,3 +43,16 @@ def perturb_lora(policy, scale: float = 0.05, seed: int = 1) -> None:
         for name, p in policy.denoiser.named_parameters():
             if "lora_" in name:
                 p.add_(scale * torch.randn(p.shape, generator=gen))
+
+
+def two_process_command(*train_args: str) -> list[str]:
+    """`accelerate launch` of `mmrl train ...` on 2 CPU processes (gloo, DDP) at a free port."""
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    return [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+            "no", "--dynamo_backend", "no", "--main_process_port", str(port), "-m", "mmrl", "train", *train_args]

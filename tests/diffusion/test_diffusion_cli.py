@@ -10,7 +10,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from testkit import mmrl_cmd
-from diffusion_helpers import tiny_config
+from diffusion_helpers import tiny_config, two_process_command
 
 pytestmark = pytest.mark.slow
 CONTRACT = ["step", "reward/mean", "reward/jpeg_compressibility/mean", "loss", "grad_norm", "clip_frac", "time/step_s"]
@@ -108,18 +108,9 @@ def test_resumed_step_equals_an_uninterrupted_run(run, tmp_path):
 @pytest.mark.parametrize("run", ["sd3"], indirect=True)
 def test_two_processes_train_like_one(run, tmp_path):
     """accelerate launch with 2 CPU processes (gloo, DDP; several denoiser forwards per backward)."""
-    import socket
-    import sys
-
     _, out, first, (_, w2), _ = run
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-           "no", "--dynamo_backend", "no", "--main_process_port", str(port), "-m", "mmrl", "train",
-           tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2", "eval.every=2",
-           "train.samples_per_microbatch=2"]
+    cmd = two_process_command(tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2", "eval.every=2",
+                              "train.samples_per_microbatch=2")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

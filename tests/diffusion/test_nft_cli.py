@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffusion_helpers import tiny_config
+from diffusion_helpers import tiny_config, two_process_command
 from testkit import mmrl_cmd
 
 pytestmark = pytest.mark.slow
@@ -81,17 +81,9 @@ def test_resumed_step_is_bit_exact_with_an_uninterrupted_run(resumed, tmp_path):
 def test_two_processes_train_like_one(resumed, tmp_path):
     """accelerate launch with 2 CPU processes (gloo, DDP): same steps, same weights and old weights, up to
     the rounding of a different split (the old forwards swap weights in place under the DDP wrapper)."""
-    import socket
-    import sys
-
     out, first, _ = resumed
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-           "no", "--dynamo_backend", "no", "--main_process_port", str(port), "-m", "mmrl", "train",
-           tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2", "train.samples_per_microbatch=2", *NFT]
+    cmd = two_process_command(tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2",
+                              "train.samples_per_microbatch=2", *NFT)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
