@@ -25,7 +25,8 @@ CONFIG = os.path.join(ROOT, "configs", "tiny", "t2i_shapes.yaml")
 BLIND = ["rewards=[{name: shapes_t2i, blind: true}]", "eval.diagnostics=[{name: shapes_stray}]",
          "policy.sde_schedule=dance_grpo", "policy.noise_level=0.5",
          "policy.timesteps={select: fraction, fraction: 0.6}", "optim.lr=2e-4", "algo.kl_beta=0.0",
-         "algo.clip_low=1e-4", "algo.clip_high=1e-4", "train.ema_decay=0.0", "policy.lora.rank=0"]
+         "algo.clip_low=1e-4", "algo.clip_high=1e-4", "train.ema_decay=0.0", "policy.lora.rank=0",
+         "policy.reference=false", "optim.warmup_steps=0", "optim.schedule=constant"]
 GUARDS = {
     "none": [],
     "kl": ["algo.kl_beta=0.1", "policy.reference=true"],
