@@ -47,6 +47,7 @@ def plot_rewards(run_dir: str, rows: list[dict]) -> str | None:
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
+    top = ax                                   # the legend goes on the upper axes, above every line
     if quality_keys(rows):
         qx = ax.twinx()
         for i, key in enumerate(quality_keys(rows)):
@@ -54,8 +55,8 @@ def plot_rewards(run_dir: str, rows: list[dict]) -> str | None:
                     label=key, alpha=0.8)
         qx.set_ylabel("eval quality (diagnostic)")
         more = qx.get_legend_handles_labels()
-        handles, labels = handles + more[0], labels + more[1]
-    ax.legend(handles, labels, fontsize=8)
+        handles, labels, top = handles + more[0], labels + more[1], qx
+    top.legend(handles, labels, fontsize=8, framealpha=0.9)
     fig.tight_layout()
     path = os.path.join(run_dir, "reward_curve.png")
     fig.savefig(path)
