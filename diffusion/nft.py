@@ -23,12 +23,12 @@ import os
 
 import torch
 
+from diffusion.families import declared_ddim
 from diffusion.families.common import predict
 from mmrl.config import ConfigError
 from mmrl.nft import NFTSpec, nft_loss
 from mmrl.types import ForwardLoss, Rollout
 
-_DDIM_MODELS = ("tiny:sd", "tiny:sd_v")
 _MOD = 2**63 - 1
 
 
@@ -158,10 +158,6 @@ def forward_process_loss(policy, rollout: Rollout, index: torch.Tensor, r: torch
     return ForwardLoss(loss=loss.view(n, k).mean(1), kl=kl, metrics=metrics)
 
 
-def _ddim(cfg) -> bool:
-    return cfg.family == "sd" or (cfg.family == "auto" and cfg.model in _DDIM_MODELS)
-
-
 def ddim_error(what: str) -> ConfigError:
     return ConfigError(f"config key 'algo.objective': nft (DiffusionNFT) trains the velocity of a flow-matching "
                        f"model; {what} samples with DDIM; use an sd3 or flux model, or algo.objective=pg")
@@ -169,7 +165,7 @@ def ddim_error(what: str) -> ConfigError:
 
 def validate_nft(cfg, algo) -> None:
     """What this policy section needs for algo.objective=nft (checked at load; the family once more at build)."""
-    if _ddim(cfg):
+    if declared_ddim(cfg.family, cfg.model):
         raise ddim_error(f"policy.family={cfg.family!r} (model {cfg.model!r})")
     if algo.nft_timesteps > cfg.rollout_steps:
         raise ConfigError(f"config key 'algo.nft_timesteps' must be <= policy.rollout_steps={cfg.rollout_steps} "

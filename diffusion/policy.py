@@ -262,9 +262,6 @@ class DiffusionPolicy(Policy):
                 for row, t, im, i in zip(prompts.rows, texts, images, prompts.index)]
 
 
-_DDIM_MODELS = ("tiny:sd", "tiny:sd_v")
-
-
 def _ddim_reweight_error(what: str) -> ConfigError:
     return ConfigError(f"config key 'algo.step_reweight': {what} samples with DDIM, where GRPO-Guard's 1/dt weight "
                        "(a flow-matching step's dt = sigma_i - sigma_{i+1}) is not defined; set algo.step_reweight=false "
@@ -274,7 +271,7 @@ def _ddim_reweight_error(what: str) -> ConfigError:
 def validate_guard(cfg: Config, algo) -> None:
     """GRPO-Guard options this section can serve: RatioNorm with every family, the 1/dt reweighting with flow
     families only (checked here when the family is known from the config; else when the model is built)."""
-    if algo.step_reweight and (cfg.family == "sd" or (cfg.family == "auto" and cfg.model in _DDIM_MODELS)):
+    if algo.step_reweight and families.declared_ddim(cfg.family, cfg.model):
         raise _ddim_reweight_error(f"policy.family={cfg.family!r} (model {cfg.model!r})")
 
 

@@ -65,6 +65,15 @@ def detect(model: str, revision: str | None = None) -> str:
     return PIPELINES[name]
 
 
+TINY_DDIM_MODELS = ("tiny:sd", "tiny:sd_v")    # diffusion/tiny.py's DDIM builds
+
+
+def declared_ddim(family: str, model: str) -> bool:
+    """Whether a `policy:` section already says, before any model is loaded, that it samples with DDIM (the
+    `sd` family, or a tiny SD model); a hub or folder model under `family: auto` is known only once detected."""
+    return family == "sd" or (family == "auto" and model in TINY_DDIM_MODELS)
+
+
 def family_class(name: str):
     """The family class of a `policy.family` value other than auto."""
     if name not in FAMILIES:
