@@ -2,8 +2,9 @@
 
 `denoise` runs S steps from x_S (noise) to x_0, SDE on the plan's stochastic steps and ODE elsewhere,
 and records only the latents that the trained steps need: for each sample, the input and output
-of each trained step, deduplicated (a step's output is the next step's input). `rescore` recomputes
-the log-probs of those stored transitions (with grad) through the same `predict` and `sde_step`.
+of each trained step, deduplicated (a step's output is the next step's input). It scores those
+transitions once, after the loop. `rescore` recomputes their log-probs (with grad) through the same
+`predict`, step coefficients and `gaussian_log_prob`.
 
 Notation: S rollout steps; T trained steps of a sample (a subset of the S); U stored latents per
 sample (<= min(2T, S + 1)); B samples in the batch; M = number of valid (sample, trained step) pairs.
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from diffusion.families.common import Schedule, predict, sde_step
-from diffusion.sde import SDEStep
+from diffusion.families.common import CondBatch, Schedule, predict, sde_step
+from diffusion.sde import SDEStep, StepCoefs, affine_mean, gaussian_log_prob
 from diffusion.timesteps import StepPlan, trained_index
 
 
@@ -30,7 +31,7 @@ class Trajectories:
     after: Tensor        # [B, T] slot of its output
     step_index: Tensor   # [B, T] denoising step of each trained transition
     mask: Tensor         # [B, T] 1 for real transitions, 0 for padding
-    log_probs: Tensor    # [B, T] log-prob of each trained transition at sampling time
+    log_probs: Tensor | None  # [B, T] log-prob of each trained transition at sampling time
     means: Tensor | None = None  # [B, T, ...] SDE-step mean of each trained transition (keep_means), zeros at padding
 
 
@@ -45,48 +46,88 @@ class Denoiser:
     chunk: int           # rows per forward (common.predict)
 
 
-def _noise(generators: list, x: Tensor) -> Tensor:
-    """z [B, ...]: the rows split evenly over `generators`, each drawing its own block in order, so a
+def _draw(z: Tensor, generator: torch.Generator | list | None) -> Tensor:
+    """Fill z [B, ...] fp32 with N(0, 1) in place (the values of torch.randn with that generator) and
+    return it. A list of generators splits the rows evenly, each drawing its own block in order, so a
     prompt's noise never depends on which other prompts share the batch."""
-    rows = x.shape[0] // len(generators)
-    return torch.cat([torch.randn((rows, *x.shape[1:]), generator=g, device=x.device, dtype=torch.float32)
-                      for g in generators])                                   # [B, ...]
+    if not isinstance(generator, list):
+        return z.normal_(generator=generator)
+    rows = z.shape[0] // len(generator)
+    for k, g in enumerate(generator):
+        z[k * rows:(k + 1) * rows].normal_(generator=g)
+    return z
 
 
 def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: float,
             generator: torch.Generator | list | None, keep_means: bool = False) -> Trajectories:
     """Sample B trajectories from x [B, ...] (x_S), conditioned on `conds` (one Cond per row).
     `generator`: one generator, or a list of them each owning an equal consecutive block of rows.
-    `keep_means`: also record each trained transition's SDE-step mean (GRPO-Guard's mu_old)."""
-    gens = generator if isinstance(generator, list) else None
+    `keep_means`: also return each trained transition's SDE-step mean (GRPO-Guard's mu_old).
+
+    Each step is mean = a x + b out and x' = mean + std z with the step's coefficients as 0-dim tensors;
+    the trained transitions are scored after the loop, all at once, by the `gaussian_log_prob` that
+    `rescore` uses, from the same tensors (the on-policy ratio is exactly 1)."""
     b, s = x.shape[0], len(d.sched)
     need = torch.zeros(b, s + 1, dtype=torch.bool)                           # [B, S + 1] latents to keep
     need[:, :s] |= plan.trained
     need[:, 1:] |= plan.trained
-    keep, sde = need.any(0).tolist(), plan.sde.tolist()                     # python bools: no per-step checks
-    kept, logp = {}, []                                                       # position -> [B, ...]; S x [B]
-    col = plan.trained.long().cumsum(1) - 1                                   # [B, S] column of step s in [B, T]
-    means = x.new_zeros(b, int(col[:, -1].max()) + 1 if s else 0, *x.shape[1:]) if keep_means else None  # [B, T, ...]
+    keep, sde, scored = need.any(0).tolist(), plan.sde.tolist(), plan.trained.any(0).tolist()  # no per-step checks
+    steps = {True: d.sched.step_coefs(noise_level), False: d.sched.step_coefs(0.0)}
+    conds = CondBatch(conds)                                                  # stacked once for all steps
+    index = torch.arange(s, device=x.device)[:, None].expand(s, b)           # [S, B] step of each row
+    z = torch.empty(x.shape, device=x.device, dtype=torch.float32)          # [B, ...] the noise, drawn per step
+    kept, means = {}, {}                                                      # position / step -> [B, ...]
     for i in range(s):
         if keep[i]:
             kept[i] = x
-        index = torch.full((b,), i, dtype=torch.long, device=x.device)       # [B]
-        out = predict(d.family, d.model, x, index, conds, d.sched, d.guidance, d.chunk)  # [B, ...]
-        z = _noise(gens, x) if gens is not None else None
-        step = sde_step(d.sched, out, x, index, noise_level if sde[i] else 0.0,
-                        generator=None if gens else generator, variance_noise=z)
-        logp.append(step.log_prob)
-        if means is not None and plan.trained[:, i].any():
-            who = torch.nonzero(plan.trained[:, i]).squeeze(1)                # [b']
-            means[who.to(x.device), col[who, i].to(x.device)] = step.mean[who.to(x.device)]
-        x = step.prev_sample
+        out = predict(d.family, d.model, x, index[i], conds, d.sched, d.guidance, d.chunk)  # [B, ...]
+        c = steps[sde[i]][i]
+        mean = affine_mean(c, x, out)                                         # [B, ...]
+        _draw(z, generator)
+        if scored[i]:
+            means[i] = mean
+        x = mean + c.std * z                                                  # [B, ...]
     if keep[s]:
         kept[s] = x
-    return dataclasses.replace(_pack(x, kept, need, plan.trained, torch.stack(logp, 1).cpu()), means=means)  # logp [B, S]
+    traj = _pack(x, kept, need, plan.trained)
+    mean = _stack_means(means, plan.trained, x)                               # [B, T, ...]
+    logp = _score(traj, mean, d.sched.coefs(noise_level), plan.sde)           # [B, T]
+    return dataclasses.replace(traj, log_probs=logp, means=mean if keep_means else None)
 
 
-def _pack(final: Tensor, kept: dict, need: Tensor, trained: Tensor, logp: Tensor) -> Trajectories:
-    """Per sample, stack its needed latents into slots and map each trained step to its two slots."""
+def _stack_means(means: dict, trained: Tensor, final: Tensor) -> Tensor:
+    """The step means of the trained transitions -> [B, T, ...] (zeros at padding)."""
+    b, cols = final.shape[0], trained.long().cumsum(1) - 1                    # [B, S] column of step s in [B, T]
+    if not means:
+        return final.new_zeros(b, 0, *final.shape[1:])
+    if bool((trained == trained[:1]).all()):                                  # same steps for all: one stack
+        return torch.stack([means[i] for i in sorted(means)], 1)             # [B, T, ...]
+    out = final.new_zeros(b, int(cols[:, -1].max()) + 1, *final.shape[1:])    # [B, T, ...]
+    for i, m in means.items():
+        who = torch.nonzero(trained[:, i]).squeeze(1)                         # [b']
+        out[who.to(final.device), cols[who, i].to(final.device)] = m[who.to(final.device)]
+    return out
+
+
+def _score(traj: Trajectories, mean: Tensor, table: StepCoefs, sde: Tensor) -> Tensor:
+    """[B, T] log-probs of the trained transitions (x' and the step means [B, T, ...]), 0 at padding;
+    `table`: the [S] coefficients of the SDE steps, `sde` [S] which steps were SDE (the others score 0)."""
+    b, t = traj.mask.shape
+    if t == 0:
+        return traj.mask.float()
+    rows = torch.arange(b, device=traj.latents.device)[:, None]              # [B, 1]
+    x_next = traj.latents[rows, traj.after].flatten(0, 1)                    # [B T, ...]
+    step = traj.step_index.flatten()                                          # [B T]
+    live = sde.to(step.device)[step]                                          # [B T]
+    rc = StepCoefs(0.0, 0.0, 0.0, torch.where(live, table.inv2var[step], 0.0),
+                   torch.where(live, table.lconst[step], 0.0))
+    lp = gaussian_log_prob(x_next, mean.flatten(0, 1), rc).view(b, t)         # [B, T]
+    return torch.where(traj.mask > 0, lp, 0.0)
+
+
+def _pack(final: Tensor, kept: dict, need: Tensor, trained: Tensor) -> Trajectories:
+    """Per sample, stack its needed latents into slots and map each trained step to its two slots
+    (log_probs still to be scored)."""
     b = final.shape[0]
     index, mask = trained_index(trained)                                      # [B, T], [B, T]
     slot = torch.where(need, need.long().cumsum(1) - 1, -1)                   # [B, S + 1] position -> slot
@@ -101,9 +142,8 @@ def _pack(final: Tensor, kept: dict, need: Tensor, trained: Tensor, logp: Tensor
     rows = torch.arange(b)[:, None]                                           # [B, 1]
     before = torch.where(mask > 0, slot[rows, index], 0)                      # [B, T]
     after = torch.where(mask > 0, slot[rows, index + 1], 0)                   # [B, T]
-    old = torch.where(mask > 0, logp.gather(1, index), 0.0)                   # [B, T]
     dev = final.device
-    return Trajectories(final, latents, before.to(dev), after.to(dev), index.to(dev), mask.to(dev), old.to(dev))
+    return Trajectories(final, latents, before.to(dev), after.to(dev), index.to(dev), mask.to(dev), None)
 
 
 def transitions(state: dict, mask: Tensor, idx: Tensor):

@@ -79,26 +79,74 @@ def _row_mean(x: Tensor) -> Tensor:
     return x.reshape(x.shape[0], -1).mean(dim=1)  # [B]
 
 
-def _log_prob(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-    """[B] mean over non-batch dims of log N(x; mean, std^2); 0 where std == 0 (point mass)."""
-    random = std > 0  # [B, 1, ..., 1]
-    safe = torch.where(random, std, torch.ones_like(std))  # avoids 0/0 and NaN gradients
-    lp = -((x.float() - mean) ** 2) / (2 * safe**2) - torch.log(safe) - _LOG_SQRT_2PI  # [B, ...]
-    return _row_mean(torch.where(random, lp, torch.zeros_like(lp)))  # [B]
+@dataclass(frozen=True)
+class StepCoefs:
+    """One step's Gaussian policy as an affine map of the latent and the model output:
+    x' ~ N(mean, std^2), mean = a x + b out, and its log-density constants, so that
+
+        log_prob = lconst - inv2var * mean_d((x' - mean)^2)   (lconst = -log std - log sqrt(2 pi),
+                                                                 inv2var = 1 / (2 std^2))
+
+    with ``inv2var = lconst = 0`` where std == 0 (a point mass: log_prob 0, no gradient). Every field has one
+    shape: a schedule's [S] table, [B, 1, ..., 1] rows, or 0-dim (a rollout step's); all fp32. Sampling and
+    scoring compute the mean with the same two products and one sum whatever that shape (elementwise fp32
+    products and sums round the same way), so a stored transition is re-scored bit for bit.
+    """
+
+    a: Tensor | float
+    b: Tensor | float
+    std: Tensor | float
+    inv2var: Tensor | float
+    lconst: Tensor | float
+
+    @classmethod
+    def of(cls, a: Tensor, b: Tensor, std: Tensor) -> StepCoefs:
+        random = std > 0
+        safe = torch.where(random, std, torch.ones_like(std))  # avoids 1/0 and log 0
+        inv2var = torch.where(random, 1 / (2 * safe**2), torch.zeros_like(std))
+        lconst = torch.where(random, -torch.log(safe) - _LOG_SQRT_2PI, torch.zeros_like(std))
+        return cls(a, b, std, inv2var, lconst)
+
+    def rows(self, index: Tensor, ndim: int) -> StepCoefs:
+        """The [S] table at steps ``index`` [B] -> [B, 1, ..., 1] rows for samples of ``ndim`` dims."""
+        shape = (-1, *([1] * (ndim - 1)))
+        return StepCoefs(*(t[index].view(shape) for t in self._fields()))
+
+    def per_step(self) -> list[StepCoefs]:
+        """The [S] table as S steps of 0-dim fp32 tensors (multiplying by one is one op, no conversion)."""
+        return [StepCoefs(*(t[i] for t in self._fields())) for i in range(self.a.shape[0])]
+
+    def _fields(self) -> tuple:
+        return self.a, self.b, self.std, self.inv2var, self.lconst
 
 
-def _gaussian_step(mean: Tensor, std: Tensor, sample: Tensor, prev_sample: Tensor | None, generator,
-                   variance_noise: Tensor | None = None) -> SDEStep:
-    """Sample (or score) x' ~ N(mean, std^2); ``mean`` [B, ...] fp32, ``std`` 0-dim or [B, 1, ..., 1] fp32.
-    ``variance_noise`` (as in diffusers' DDIMScheduler.step) is the standard normal draw z to use
-    instead of drawing one from ``generator``."""
-    std = std.expand(sample.shape[0], *([1] * (sample.ndim - 1)))  # [B, 1, ..., 1]
+def affine_mean(c: StepCoefs, x: Tensor, out: Tensor) -> Tensor:
+    """mean = a x + b out [B, ...] fp32 (``c``'s fields tensors or python floats)."""
+    return x * c.a + out * c.b
+
+
+def gaussian_log_prob(x_next: Tensor, mean: Tensor, c: StepCoefs) -> Tensor:
+    """[B] mean over non-batch dims of log N(x'; mean, std^2), 0 where std == 0; ``x_next`` is scored as
+    given (cast to fp32), ``c``'s fields are [B, 1, ..., 1] or 0-dim tensors or python floats."""
+    sq = _row_mean((x_next.float() - mean) ** 2)  # [B]
+    inv2var, lconst = (t.reshape(-1) if isinstance(t, Tensor) else t for t in (c.inv2var, c.lconst))
+    return lconst - inv2var * sq  # [B]
+
+
+def gaussian_step(c: StepCoefs, out: Tensor, sample: Tensor, prev_sample: Tensor | None = None,
+                  generator: torch.Generator | None = None, variance_noise: Tensor | None = None) -> SDEStep:
+    """Sample (or score) x' ~ N(a x + b out, std^2) for one step of rows ``sample`` [B, ...]; ``c``'s fields
+    0-dim or [B, 1, ..., 1]. ``variance_noise`` (as in diffusers' DDIMScheduler.step) is the standard
+    normal draw z to use instead of drawing one from ``generator``."""
+    x = sample.float()  # [B, ...]
+    mean = affine_mean(c, x, out.float())  # [B, ...]
     if prev_sample is None:
         z = (variance_noise.float() if variance_noise is not None else
              torch.randn(sample.shape, generator=generator, device=sample.device, dtype=torch.float32))
-        prev_sample = mean + std * z  # [B, ...]
+        prev_sample = mean + c.std * z  # [B, ...]
     prev_sample = prev_sample.to(sample.dtype)  # score the value that is returned / stored
-    return SDEStep(prev_sample, _log_prob(prev_sample, mean, std), mean.to(sample.dtype), std)
+    std = c.std.expand(sample.shape[0], *([1] * (sample.ndim - 1)))  # [B, 1, ..., 1]
+    return SDEStep(prev_sample, gaussian_log_prob(prev_sample, mean, c), mean.to(sample.dtype), std)
 
 
 def _flow_g(schedule: str, noise_level: float, sigma: Tensor, sigma_next: Tensor) -> Tensor:
@@ -113,7 +161,7 @@ def _flow_g(schedule: str, noise_level: float, sigma: Tensor, sigma_next: Tensor
     raise ValueError(f"unknown flow SDE schedule {schedule!r}; valid: {', '.join(FLOW_SCHEDULES)}")
 
 
-def _cps_mean_std(v: Tensor, x: Tensor, sigma: Tensor, sigma_next: Tensor, noise_level: float):
+def _cps_coefs(sigma: Tensor, sigma_next: Tensor, noise_level: float) -> StepCoefs:
     """Coefficient-preserving sampling (arXiv 2509.05952; Flow-GRPO's ``sde_type='cps'``).
 
     x' = (1 - sigma_next) x0_hat + c eps_hat + std z, std = sigma_next sin(a pi / 2),
@@ -121,16 +169,49 @@ def _cps_mean_std(v: Tensor, x: Tensor, sigma: Tensor, sigma_next: Tensor, noise
     process. That gives the forward marginal at sigma_next only where x0_hat and eps_hat are exact: the std does
     not shrink with the step size, so this is no discretised SDE of the flow.
     """
-    # 1. predicted noise; the predicted clean sample x0_hat = x - sigma v enters through step 3's Euler form
-    eps_hat = x + (1 - sigma) * v  # [B, C, H, W]
-    # 2. std and the noise coefficient of the mean (clamped against fp32 round-off below 0)
-    std = sigma_next * math.sin(noise_level * math.pi / 2)  # [B, 1, 1, 1] or []
-    c = torch.sqrt((sigma_next**2 - std**2).clamp(min=0))  # [B, 1, 1, 1] or []
-    # 3. mean = (1 - sigma_next) x0_hat + c eps_hat. (1 - sigma_next) x0_hat + sigma_next eps_hat is the Euler
-    #    step x + dt v, so the mean is written as that plus (c - sigma_next) eps_hat: the same value, and at
-    #    a = 0 (c = sigma_next) the Euler step bit for bit
-    mean = x + (sigma_next - sigma) * v + (c - sigma_next) * eps_hat  # [B, C, H, W]
-    return mean, std
+    # 1. std and the noise coefficient of the mean (clamped against fp32 round-off below 0)
+    std = sigma_next * math.sin(noise_level * math.pi / 2)
+    c = torch.sqrt((sigma_next**2 - std**2).clamp(min=0))
+    # 2. with x0_hat = x - sigma v and eps_hat = x + (1 - sigma) v, (1 - sigma_next) x0_hat + sigma_next eps_hat
+    #    is the Euler step x + dt v, so mean = x + dt v + (c - sigma_next) eps_hat
+    #    = (1 + c - sigma_next) x + (dt + (c - sigma_next)(1 - sigma)) v; at a = 0 (c = sigma_next exactly)
+    #    that is 1 x + dt v, the Euler step bit for bit
+    extra = c - sigma_next
+    return StepCoefs.of(1 + extra, (sigma_next - sigma) + extra * (1 - sigma), std)
+
+
+def flow_coefs(sigma: Tensor, sigma_next: Tensor, *, noise_level: float, schedule: str) -> StepCoefs:
+    """The step coefficients of a flow-matching SDE from fp32 ``sigma`` and ``sigma_next`` of any one shape
+    (see ``flow_sde_step``)."""
+    if schedule == "cps":
+        return _cps_coefs(sigma, sigma_next, noise_level)
+    g = _flow_g(schedule, noise_level, sigma, sigma_next)
+    dt = sigma_next - sigma  # < 0
+    # drift: v minus g^2/2 times the score, score = -(x + (1 - sigma) v) / sigma:
+    # mean = x + dt (v + k (x + (1 - sigma) v)) with k = g^2 / (2 sigma) = (1 + dt k) x + dt (1 + k (1 - sigma)) v;
+    # at g = 0 that is 1 x + dt v, the Euler step bit for bit
+    k = g**2 / (2 * sigma)
+    # diffusion over the step: s = g sqrt(-dt)
+    return StepCoefs.of(1 + dt * k, dt * (1 + k * (1 - sigma)), g * torch.sqrt(-dt))
+
+
+def ddim_coefs(alpha_prod_t: Tensor, alpha_prod_prev: Tensor, *, eta: float, prediction_type: str) -> StepCoefs:
+    """The step coefficients of DDIM with eta from fp32 alphas of any one shape (see ``ddim_sde_step``)."""
+    a_t, a_p = alpha_prod_t, alpha_prod_prev
+    # 1. variance sigma_t(eta)^2 = eta^2 (1 - a_p) / (1 - a_t) (1 - a_t / a_p); the last factor as
+    #    (a_p - a_t) / a_p: near the last step a_t / a_p rounds to about 1 in fp32 and 1 - it loses digits
+    var = (1 - a_p) / (1 - a_t) * ((a_p - a_t) / a_p)
+    std = eta * torch.sqrt(var)
+    # 2. mean = sqrt(a_p) x0_hat + d eps_hat, d = sqrt(1 - a_p - std^2) (clamped against fp32 round-off)
+    d = torch.sqrt((1 - a_p - std**2).clamp(min=0))
+    r_t, r_p, s_t = torch.sqrt(a_t), torch.sqrt(a_p), torch.sqrt(1 - a_t)
+    if prediction_type == "epsilon":
+        # x0_hat = (x - s_t eps) / r_t, eps_hat = eps
+        return StepCoefs.of(r_p / r_t, d - r_p * s_t / r_t, std)
+    if prediction_type == "v_prediction":
+        # x0_hat = r_t x - s_t v, eps_hat = r_t v + s_t x
+        return StepCoefs.of(r_p * r_t + d * s_t, d * r_t - r_p * s_t, std)
+    raise ValueError(f"unknown prediction_type {prediction_type!r}; valid: {', '.join(PREDICTION_TYPES)}")
 
 
 def flow_sde_step(
@@ -156,19 +237,11 @@ def flow_sde_step(
     averaged over dims instead (constants and 1/(2 std^2) dropped): not a log-density, and its log-ratios are
     these times 2 std^2, so its clip range means something else.
     """
-    x = sample.float()  # [B, C, H, W]
-    v = velocity.float()  # [B, C, H, W]
-    sigma, sigma_next = _coef(sigma, x), _coef(sigma_next, x)  # [B, 1, 1, 1] or []
-    if schedule == "cps":
-        mean, std = _cps_mean_std(v, x, sigma, sigma_next, noise_level)  # [B, C, H, W], [B, 1, 1, 1] or []
-        return _gaussian_step(mean, std, sample, prev_sample, generator, variance_noise)
-    g = _flow_g(schedule, noise_level, sigma, sigma_next)  # [B, 1, 1, 1] or []
-    dt = sigma_next - sigma  # [B, 1, 1, 1] or [], < 0
-    # 1. drift: v minus g^2/2 times the score, score = -(x + (1 - sigma) v) / sigma
-    mean = x + dt * (v + g**2 / (2 * sigma) * (x + (1 - sigma) * v))  # [B, C, H, W]
-    # 2. diffusion over the step: s = g sqrt(-dt)
-    std = g * torch.sqrt(-dt)  # [B, 1, 1, 1] or []
-    return _gaussian_step(mean, std, sample, prev_sample, generator, variance_noise)
+    if schedule not in FLOW_SCHEDULES:
+        raise ValueError(f"unknown flow SDE schedule {schedule!r}; valid: {', '.join(FLOW_SCHEDULES)}")
+    sigma, sigma_next = _coef(sigma, sample), _coef(sigma_next, sample)  # [B, 1, 1, 1] or []
+    c = flow_coefs(sigma, sigma_next, noise_level=noise_level, schedule=schedule)
+    return gaussian_step(c, velocity, sample, prev_sample, generator, variance_noise)
 
 
 def ddim_sde_step(
@@ -189,25 +262,9 @@ def ddim_sde_step(
     ``alpha_prod_prev`` is alphas_cumprod[t_prev], or the final alpha (1 or alphas_cumprod[0]) at the last
     step. ``eta`` is in [0, 1].
     """
-    x = sample.float()  # [B, C, H, W]
-    out = model_output.float()  # [B, C, H, W]
-    a_t, a_p = _coef(alpha_prod_t, x), _coef(alpha_prod_prev, x)  # [B, 1, 1, 1] or []
-    # 1. predicted x0 and noise from the model output
-    if prediction_type == "epsilon":
-        eps = out  # [B, C, H, W]
-        x0 = (x - torch.sqrt(1 - a_t) * eps) / torch.sqrt(a_t)  # [B, C, H, W]
-    elif prediction_type == "v_prediction":
-        x0 = torch.sqrt(a_t) * x - torch.sqrt(1 - a_t) * out  # [B, C, H, W]
-        eps = torch.sqrt(a_t) * out + torch.sqrt(1 - a_t) * x  # [B, C, H, W]
-    else:
-        raise ValueError(f"unknown prediction_type {prediction_type!r}; valid: {', '.join(PREDICTION_TYPES)}")
-    # 2. variance sigma_t(eta)^2 = eta^2 (1 - a_p) / (1 - a_t) (1 - a_t / a_p); the last factor as
-    #    (a_p - a_t) / a_p: near the last step a_t / a_p rounds to about 1 in fp32 and 1 - it loses digits
-    var = (1 - a_p) / (1 - a_t) * ((a_p - a_t) / a_p)  # [B, 1, 1, 1] or []
-    std = eta * torch.sqrt(var)  # [B, 1, 1, 1] or []
-    # 3. mean: sqrt(a_p) x0_hat + "direction pointing to x_t" (clamped against fp32 round-off below 0)
-    mean = torch.sqrt(a_p) * x0 + torch.sqrt((1 - a_p - std**2).clamp(min=0)) * eps  # [B, C, H, W]
-    return _gaussian_step(mean, std, sample, prev_sample, generator, variance_noise)
+    a_t, a_p = _coef(alpha_prod_t, sample), _coef(alpha_prod_prev, sample)  # [B, 1, 1, 1] or []
+    c = ddim_coefs(a_t, a_p, eta=eta, prediction_type=prediction_type)
+    return gaussian_step(c, model_output, sample, prev_sample, generator, variance_noise)
 
 
 def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor) -> Tensor:

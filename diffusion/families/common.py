@@ -10,13 +10,13 @@ shape), so rollout and re-scoring agree bit for bit in fp32 and the on-policy ra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from diffusion.sde import FLOW_SCHEDULES, SDEStep, ddim_sde_step, flow_sde_step
+from diffusion.sde import FLOW_SCHEDULES, SDEStep, StepCoefs, ddim_coefs, flow_coefs, gaussian_step
 
 
 @dataclass(frozen=True)
@@ -26,12 +26,14 @@ class Schedule:
     rule:      flow_grpo | dance_grpo | cps (flow matching: coef = sigma_i, coef_next = sigma_{i+1})
                or epsilon | v_prediction (DDIM: coef = alphas_cumprod[t_i], coef_next = alpha of t_prev)
     model_t:   [S] the timestep the denoiser is given at step i.
+    The step coefficients of each noise level (`coefs`) are computed once, as [S] tables.
     """
 
     rule: str
     model_t: Tensor     # [S]
     coef: Tensor        # [S] fp32
     coef_next: Tensor   # [S] fp32
+    _coefs: dict = field(default_factory=dict, compare=False, repr=False)  # noise level -> ([S] table, per step)
 
     def __len__(self) -> int:
         return self.model_t.shape[0]
@@ -40,17 +42,27 @@ class Schedule:
     def flow(self) -> bool:
         return self.rule in FLOW_SCHEDULES
 
+    def coefs(self, noise_level: float) -> StepCoefs:
+        """The [S] step coefficients at `noise_level` (a / eta), computed on the first call."""
+        if noise_level not in self._coefs:
+            a, b = self.coef.float(), self.coef_next.float()                  # [S], [S]
+            table = (flow_coefs(a, b, noise_level=noise_level, schedule=self.rule) if self.flow
+                     else ddim_coefs(a, b, eta=noise_level, prediction_type=self.rule))
+            self._coefs[noise_level] = table, table.per_step()
+        return self._coefs[noise_level][0]
+
+    def step_coefs(self, noise_level: float) -> list[StepCoefs]:
+        """The same coefficients as S steps of 0-dim tensors (what a rollout step multiplies by)."""
+        self.coefs(noise_level)
+        return self._coefs[noise_level][1]
+
 
 def sde_step(sched: Schedule, out: Tensor, x: Tensor, index: Tensor, noise_level: float,
              prev_sample: Tensor | None = None, generator: torch.Generator | None = None,
              variance_noise: Tensor | None = None) -> SDEStep:
     """Step rows x [B, ...] at steps `index` [B] with the model output `out` [B, ...] (sample or score)."""
-    a, b = sched.coef[index], sched.coef_next[index]                          # [B], [B]
-    if sched.flow:
-        return flow_sde_step(out, x, a, b, noise_level=noise_level, schedule=sched.rule,
-                             prev_sample=prev_sample, generator=generator, variance_noise=variance_noise)
-    return ddim_sde_step(out, x, a, b, eta=noise_level, prediction_type=sched.rule,
-                         prev_sample=prev_sample, generator=generator, variance_noise=variance_noise)
+    c = sched.coefs(noise_level).rows(index, x.ndim)                          # [B, 1, ..., 1] each
+    return gaussian_step(c, out, x, prev_sample, generator, variance_noise)
 
 
 def weight_dtype(module) -> torch.dtype:
@@ -67,8 +79,32 @@ class Cond:
     tensors: dict
 
 
-def stack(conds: list[Cond], key: str) -> Tensor:
-    return torch.stack([c.tensors[key] for c in conds])                        # [B, ...]
+class CondBatch:
+    """The conditioning of B rows, one `Cond` each, stacked per key on first use: a rollout builds one
+    and every denoising step reuses its stacked tensors."""
+
+    def __init__(self, conds: list[Cond]):
+        self.conds = list(conds)
+        self._stacked: dict[str, Tensor] = {}
+        self._with_uncond: CondBatch | None = None
+
+    def __len__(self) -> int:
+        return len(self.conds)
+
+    def stack(self, key: str) -> Tensor:
+        if key not in self._stacked:
+            self._stacked[key] = torch.stack([c.tensors[key] for c in self.conds])  # [B, ...]
+        return self._stacked[key]
+
+    def with_uncond(self, uncond: Cond) -> CondBatch:
+        """The 2B rows of classifier-free guidance: B unconditional ones, then these."""
+        if self._with_uncond is None:
+            self._with_uncond = CondBatch([uncond] * len(self.conds) + self.conds)
+        return self._with_uncond
+
+
+def stack(conds: CondBatch | list[Cond], key: str) -> Tensor:
+    return (conds if isinstance(conds, CondBatch) else CondBatch(conds)).stack(key)  # [B, ...]
 
 
 def chunked_forward(forward: Callable[[dict], Tensor], rows: dict, chunk: int) -> Tensor:
@@ -86,13 +122,14 @@ def chunked_forward(forward: Callable[[dict], Tensor], rows: dict, chunk: int) -
     return torch.cat(outs)                                                    # [R, ...]
 
 
-def predict(family, model, x: Tensor, index: Tensor, conds: list[Cond], sched: Schedule,
+def predict(family, model, x: Tensor, index: Tensor, conds: list[Cond] | CondBatch, sched: Schedule,
             guidance: float, chunk: int) -> Tensor:
     """The model output at rows x [B, ...], steps `index` [B], fp32; CFG (uncond + w (cond - uncond))
     for families that use it when guidance > 1 (as in the diffusers pipelines)."""
+    conds = conds if isinstance(conds, CondBatch) else CondBatch(conds)
     cfg = family.uses_cfg and guidance > 1.0
     if cfg:
-        x, index, conds = torch.cat([x, x]), torch.cat([index, index]), [family.uncond] * len(conds) + list(conds)
+        x, index, conds = torch.cat([x, x]), torch.cat([index, index]), conds.with_uncond(family.uncond)
     rows = family.model_rows(x, index, conds, sched, guidance)
     out = chunked_forward(lambda part: family.forward(model, part).float(), rows, chunk)  # [B or 2B, ...]
     if cfg:

@@ -39,6 +39,25 @@ def test_on_policy_ratio_is_exactly_one(rolled):
         assert torch.equal(new, ro.log_probs[idx]), (new - ro.log_probs[idx]).abs().max()
 
 
+@pytest.mark.parametrize("plan", [["timesteps.select=fraction", "timesteps.fraction=0.5"],
+                                  ["timesteps.select=window", "timesteps.window_size=2", "timesteps.window_stride=0"]])
+def test_on_policy_ratio_is_exactly_one_when_samples_train_some_steps(plan):
+    """Per-sample random subsets (each sample's own trained steps) and an SDE window followed by ODE steps:
+    the rollout scores its trained transitions after the loop, re-scoring reproduces them bit for bit."""
+    policy = build("sd3", *plan, "forward_batch=4")
+    perturb_lora(policy)
+    ro = policy.rollout(prompts(TEXTS), group_size=3)
+    assert ro.log_probs.shape[1] == 2 and bool((ro.mask == 1).all()) and bool((ro.log_probs != 0).all())
+    steps = ro.state["step_index"]                                           # [6, 2]
+    if plan[0].endswith("fraction"):
+        assert len({tuple(r) for r in steps.tolist()}) > 1, steps             # not the same steps for all
+    else:
+        assert bool((steps == torch.tensor([0, 1])).all()), steps
+    for idx in (torch.tensor([4, 0, 5]), torch.tensor([2]), torch.arange(6).flip(0)):
+        new = policy.log_probs(ro, idx).log_probs
+        assert torch.equal(new, ro.log_probs[idx]), (new - ro.log_probs[idx]).abs().max()
+
+
 def test_log_probs_have_gradients(rolled):
     policy, ro = rolled
     policy.log_probs(ro, torch.tensor([1, 3])).log_probs.sum().backward()
