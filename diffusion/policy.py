@@ -24,51 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
 from diffusion import families, nft, timesteps, tiny
+from diffusion.config import NO_REFERENCE, Config, ddim_reweight_error, validate, validate_guard  # noqa: F401
 from diffusion.families.common import Cond
-from diffusion.lora import LoraConfig, add_lora, export_lora, load_lora, save_lora
+from diffusion.lora import add_lora, export_lora, load_lora, save_lora
 from diffusion.sampler import Denoiser, denoise, rescore, scatter, transitions
-from diffusion.sde import FLOW_SCHEDULES, gaussian_kl
+from diffusion.sde import gaussian_kl
 from diffusion.text_cache import TextCache
-from diffusion.timesteps import StepPlan, TimestepsConfig
+from diffusion.timesteps import StepPlan
 from mmrl.config import ConfigError
 from mmrl.types import ForwardLoss, Policy, PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
-
-
-@dataclass(frozen=True)
-class Config:
-    name: str = "diffusion"
-    model: str = "tiny:sd3"               # hub id, local pipeline folder, or tiny:<sd3|sd|sd_v|flux> (tiny.py)
-    family: str = "auto"                  # auto (model_index.json) | sd3 | sd | flux
-    revision: Optional[str] = None        # hub revision / variant passed to from_pretrained
-    variant: Optional[str] = None
-    prompt_key: str = "prompt"            # record field holding the prompt text
-    negative_prompt: str = ""             # the unconditional prompt of CFG (encoded once)
-    height: int = 0                       # image size in pixels; 0 = the model's default
-    width: int = 0
-    max_sequence_length: int = 256        # T5 tokens (sd3, flux)
-    prediction_type: Optional[str] = None  # sd: epsilon | v_prediction; None = the scheduler config's
-    guidance_scale: float = 4.5           # CFG scale (sd3, sd; <= 1 disables CFG); flux: the guidance embedding
-    eval_guidance_scale: Optional[float] = None  # evaluation images' scale; None = guidance_scale (1.0 here with CFG at eval: training without CFG)
-    rollout_steps: int = 10               # S, denoising steps of a training rollout (denoising reduction)
-    eval_steps: int = 40                  # ODE steps of evaluation images
-    sde_schedule: str = "flow_grpo"       # flow families: flow_grpo (g = a sqrt(s/(1-s))) | dance_grpo (g = eta)
-                                          # | cps (coefficient-preserving: std = s' sin(a pi/2))
-    noise_level: float = 0.7              # a (flow_grpo; cps, in [0, 1]), eta (dance_grpo), or DDIM eta (sd)
-    shared_noise: bool = False            # one initial noise per group (DanceGRPO), seeded from the prompt seed
-    timesteps: TimestepsConfig = field(default_factory=TimestepsConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    reference: bool = True                # full fine-tuning: keep a frozen copy for the KL (LoRA needs none)
-    gradient_checkpointing: bool = False
-    forward_batch: int = 8                # denoiser rows per forward, always exactly this many (padded)
-    decode_batch: int = 0                 # VAE rows per decode, always exactly this many (padded); 0 = forward_batch
-    text_cache_size: int = 256            # prompts whose text embeddings are kept (LRU) across steps; 0 = re-encode
 
 
 def _dtype(precision: str, device) -> torch.dtype:
@@ -200,7 +169,7 @@ class DiffusionPolicy(Policy):
         `Reference.state["mean"]` [n, T, ...] (zeros at padding), for the exact KL of `log_probs`; no
         reference log-probs (the core needs no estimate)."""
         if self.cfg.lora.rank == 0 and self.reference_model is None:
-            raise ConfigError(_NO_REFERENCE)
+            raise ConfigError(NO_REFERENCE)
         rows, cols, x, x_next, steps, conds = transitions(rollout.state, rollout.mask, index)
         with self._autocast(), self._reference() as ref:
             step = rescore(self._denoiser(ref, self.sched), x, x_next, steps, conds, self.cfg.noise_level)
@@ -262,46 +231,7 @@ class DiffusionPolicy(Policy):
                 for row, t, im, i in zip(prompts.rows, texts, images, prompts.index)]
 
 
-def _ddim_reweight_error(what: str) -> ConfigError:
-    return ConfigError(f"config key 'algo.step_reweight': {what} samples with DDIM, where GRPO-Guard's 1/dt weight "
-                       "(a flow-matching step's dt = sigma_i - sigma_{i+1}) is not defined; set algo.step_reweight=false "
-                       "(algo.ratio_norm works with every family)")
-
-
-def validate_guard(cfg: Config, algo) -> None:
-    """GRPO-Guard options this section can serve: RatioNorm with every family, the 1/dt reweighting with flow
-    families only (checked here when the family is known from the config; else when the model is built)."""
-    if algo.step_reweight and families.declared_ddim(cfg.family, cfg.model):
-        raise _ddim_reweight_error(f"policy.family={cfg.family!r} (model {cfg.model!r})")
-
-
 validate_nft = nft.validate_nft   # algo.objective=nft: what this section needs (mmrl.policies calls it at load)
-
-
-def validate(cfg: Config) -> None:
-    """Checks of the `policy:` section that need no model (run when the config is loaded)."""
-    for key in ("rollout_steps", "eval_steps", "forward_batch"):
-        if getattr(cfg, key) < 1:
-            raise ValueError(f"config key 'policy.{key}' must be >= 1, got {getattr(cfg, key)}")
-    if cfg.decode_batch < 0:
-        raise ValueError(f"config key 'policy.decode_batch' must be >= 1, or 0 for forward_batch; "
-                         f"got {cfg.decode_batch}")
-    if cfg.text_cache_size < 0:
-        raise ValueError(f"config key 'policy.text_cache_size' must be >= 0 (prompts kept; 0 disables the cache), "
-                         f"got {cfg.text_cache_size}")
-    if cfg.sde_schedule not in FLOW_SCHEDULES:
-        raise ValueError(f"config key 'policy.sde_schedule' must be one of {', '.join(FLOW_SCHEDULES)}; "
-                         f"got {cfg.sde_schedule!r}")
-    if cfg.noise_level < 0:
-        raise ValueError(f"config key 'policy.noise_level' must be >= 0, got {cfg.noise_level}")
-    if cfg.sde_schedule == "cps" and cfg.noise_level > 1:
-        raise ValueError(f"config key 'policy.noise_level' must be in [0, 1] with policy.sde_schedule=cps "
-                         f"(std = sigma_next sin(noise_level pi / 2)), got {cfg.noise_level}")
-    timesteps.validate(cfg.timesteps, cfg.rollout_steps)
-
-
-_NO_REFERENCE = ("algo.kl_beta != 0 needs a reference model: with full fine-tuning (policy.lora.rank=0) set "
-                 "policy.reference=true to keep a frozen copy, or set algo.kl_beta=0")
 
 
 def _setup_training(policy: DiffusionPolicy, cfg: Config, name: str, kl_beta: float) -> None:
@@ -319,7 +249,7 @@ def _setup_training(policy: DiffusionPolicy, cfg: Config, name: str, kl_beta: fl
 def build(cfg: Config, ctx) -> DiffusionPolicy:
     validate(cfg)
     if ctx.kl_beta != 0 and cfg.lora.rank == 0 and not cfg.reference:
-        raise ConfigError(_NO_REFERENCE)
+        raise ConfigError(NO_REFERENCE)
     from diffusers.utils import logging as dlog
 
     dlog.disable_progress_bar()
@@ -332,7 +262,7 @@ def build(cfg: Config, ctx) -> DiffusionPolicy:
     family = families.load(name, model, opts)
     policy = DiffusionPolicy(cfg, family, ctx.accelerator)
     if ctx.step_reweight and not policy.sched.flow:
-        raise _ddim_reweight_error(f"model {cfg.model!r} (family {name!r})")
+        raise ddim_reweight_error(f"model {cfg.model!r} (family {name!r})")
     if ctx.objective == "nft" and not policy.sched.flow:
         raise nft.ddim_error(f"model {cfg.model!r} (family {name!r})")
     policy.keep_means = ctx.ratio_norm
