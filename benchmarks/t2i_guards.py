@@ -1,11 +1,11 @@
 """Guards against reward hacking on the text-to-image CPU default, measured against a blind verifier.
 
-Each row trains `configs/tiny/t2i_shapes.yaml` with the old, blind `shapes_t2i` (it only looks at the
-asked colour's blobs, so painting the background costs nothing) and the setup the default had before
-it learned to keep the background clean (DanceGRPO SDE on a random 60% of all 8 steps, lr 2e-4, no
-KL), then adds one guard. It reports the held-out blind reward and the stray-background fraction
-(`shapes_stray`, a diagnostic, never trained on) at step 0 and at the end: a guard works when the
-stray fraction stays near its start while the reward still rises.
+Each row trains `configs/tiny/t2i_shapes_grpo.yaml` (the policy-gradient recipe) with the old, blind
+`shapes_t2i` (it only looks at the asked colour's blobs, so painting the background costs nothing) and the
+setup that recipe had before it learned to keep the background clean (DanceGRPO SDE on a random 60% of all
+8 steps, lr 2e-4, no KL), then adds one guard. It reports the held-out blind reward and the
+stray-background fraction (`shapes_stray`, a diagnostic, never trained on) at step 0 and at the end: a
+guard works when the stray fraction stays near its start while the reward still rises.
 
     python benchmarks/t2i_guards.py [--seeds 0 1] [--steps 50] [--jobs 2] [--only none,kl]
 """
@@ -21,7 +21,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "configs", "tiny", "t2i_shapes.yaml")
+CONFIG = os.path.join(ROOT, "configs", "tiny", "t2i_shapes_grpo.yaml")
 BLIND = ["rewards=[{name: shapes_t2i, blind: true}]", "eval.diagnostics=[{name: shapes_stray}]",
          "policy.sde_schedule=dance_grpo", "policy.noise_level=0.5",
          "policy.timesteps={select: fraction, fraction: 0.6}", "optim.lr=2e-4", "algo.kl_beta=0.0",
