@@ -172,7 +172,7 @@ def check_rewards(cfg: Config) -> None:
     try:
         for key, entries in (("rewards", cfg.rewards), ("eval.diagnostics", cfg.eval.diagnostics)):
             for i, s in enumerate(parse_specs(list(entries), key)):
-                check(s.name, s.kwargs, f"{key}[{i}].name")
+                check(s.name, s.kwargs, f"{key}[{i}].name", s.style)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -38,6 +38,7 @@ SCORER_METRICS = {
     "mean": lambda value, n_scored: weighted_mean(value, n_scored),   # mean over scored samples
     "failed": lambda value, n_scored: summed(value),                  # a count of samples
 }
+SCORER_TIME = "time/reward/{label}_s"                                  # each reward's wall time: mean over processes
 
 
 def declare_reward_metrics(metrics: dict, scores: torch.Tensor, labels: list[str]) -> dict[str, Metric]:
@@ -49,6 +50,9 @@ def declare_reward_metrics(metrics: dict, scores: torch.Tensor, labels: list[str
             key = f"reward/{label}/{suffix}"
             if key in metrics:
                 out[key] = declare(metrics[key], n)
+        key = SCORER_TIME.format(label=label)
+        if key in metrics:
+            out[key] = mean(metrics[key])
     unknown = sorted(set(metrics) - set(out))
     if unknown:
         raise RuntimeError(f"reward metrics {unknown} have no declared reduction; add their suffix "

@@ -47,7 +47,7 @@ def evaluate(run, step: int) -> dict:
     scores, metrics = run.rewards.score(samples)                            # [M, K]
     total = weighted_total(scores, run.rewards.weights)                     # [M]
     valid = total[~torch.isnan(total)]
-    out = {f"eval/{k}": v for k, v in metrics.items()}
+    out = {f"eval/{k}": v for k, v in metrics.items() if not k.startswith("time/")}  # times: training steps only
     out["eval/reward/mean"] = float(valid.mean()) if valid.numel() else math.nan
     labels = run.rewards.labels
     if run.diagnostics is not None:                                         # measured, never trained on

@@ -4,7 +4,8 @@ A registered entry is either a plain reward `fn(samples, **kwargs) -> list[float
 (kwargs from the config are passed on every call) or, with `factory=True`, a factory
 `factory(**kwargs) -> reward` called once (heavy models are loaded there, lazily).
 A reference 'module:attr' / 'file.py:attr' names a plain reward, or a factory when it is a
-class or carries `_mmrl_factory = True`.
+class or carries `_mmrl_factory = True`. A function written for TRL, veRL or EasyR1 is called
+the way that framework calls it (`style`, rewards/styles.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
+from rewards import styles
 from rewards.lookup import LookupFailed, Registry, first_line_doc, is_reference, unexpected_kwargs
 
 RewardFn = Callable[[list], list]
@@ -60,33 +62,45 @@ def entry(name: str, field: str | None = None) -> Entry:
     return Entry(name, obj, factory, first_line_doc(obj))
 
 
-def check(name: str, kwargs: dict | None = None, field: str | None = None) -> Entry:
+def check(name: str, kwargs: dict | None = None, field: str | None = None, style: str = "auto") -> Entry:
     """Validate a config entry without building it: the name resolves to something callable and,
-    where the reward declares its parameters, every keyword argument is one of them."""
+    where the reward declares its parameters, every keyword argument is one of them (for a function
+    written for another framework, `style`, none of the arguments that framework fills)."""
     e = entry(name, field)
     if not callable(e.obj):
         raise LookupFailed(f"{_where(field)}reward {name!r} resolves to {e.obj!r}, which is not callable")
-    bad = unexpected_kwargs(e.obj, kwargs or {}, skip=0 if e.factory else 1)
+    kwargs = kwargs or {}
+    kind = "mmrl" if e.factory else (styles.detect(e.obj) if style == "auto" else style)
+    clash = [k for k in kwargs if k in styles.own_arguments(kind)]
+    if clash:
+        raise LookupFailed(f"{_where(field)}reward {name!r} ({kind} style): {', '.join(map(repr, clash))} "
+                           f"{'is' if len(clash) == 1 else 'are'} filled by the {kind} caller; remove "
+                           f"{'it' if len(clash) == 1 else 'them'} from the entry")
+    skip = 0 if e.factory or kind != "mmrl" else 1
+    bad = unexpected_kwargs(e.obj, kwargs, skip=skip)
     if bad:
-        params = [p for p in _parameters(e.obj)[0 if e.factory else 1:]]
+        params = [p for p in _parameters(e.obj)[skip:] if p not in styles.own_arguments(kind)]
         raise LookupFailed(f"{_where(field)}reward {name!r} takes no argument {', '.join(map(repr, bad))}; "
                            f"its arguments: {', '.join(params) or 'none'}")
     return e
 
 
-def resolve(name: str, kwargs: dict | None = None) -> RewardFn:
-    """Build the reward callable for a config entry's `name` and keyword arguments."""
+def resolve(name: str, kwargs: dict | None = None, style: str = "auto") -> RewardFn:
+    """Build the reward callable for a config entry's `name`, keyword arguments and `style` (a
+    function written for another framework comes back as a native reward; rewards/styles.py)."""
     kwargs = dict(kwargs or {})
-    e = check(name, kwargs)
+    e = check(name, kwargs, style=style)
     if e.factory:
         try:
-            return e.obj(**kwargs)
+            fn = e.obj(**kwargs)
         except TypeError as err:
             raise ValueError(f"reward {name!r}: bad arguments {sorted(kwargs)}: {err}") from err
         except (OSError, ImportError, RuntimeError) as err:  # weights that cannot be found or loaded
             raise ValueError(f"reward {name!r}: building it with arguments {sorted(kwargs)} failed: "
                              f"{type(err).__name__}: {err}") from err
-    return functools.partial(e.obj, **kwargs) if kwargs else e.obj
+    else:
+        fn = functools.partial(e.obj, **kwargs) if kwargs else e.obj
+    return styles.adapt(fn, styles.detect(fn if e.factory else e.obj) if style == "auto" else style)
 
 
 def _where(field: str | None) -> str:

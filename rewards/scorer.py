@@ -1,5 +1,9 @@
 """Score samples with every configured reward, isolating failures.
 
+The rewards of a batch run concurrently (the first on the calling thread, each other one on a worker
+thread of its own), so a reward that waits (a remote server, a model that releases the GIL) overlaps
+with the others; each reward's wall time is reported as `time/reward/<label>_s`.
+
 A reward that raises, times out, or returns None/NaN for a sample marks that sample
 unscorable for that reward (NaN in the score matrix: no group statistics, advantage 0
 for it) and is counted in `reward/<label>/failed`. A reward that returns the wrong number
@@ -12,15 +16,17 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from rewards.registry import resolve
+from rewards.styles import check_style
 
 log = logging.getLogger("mmrl.rewards")
-RESERVED = ("name", "weight", "label", "timeout_s", "max_fail_frac")
+RESERVED = ("name", "weight", "label", "timeout_s", "max_fail_frac", "style")
 
 
 class RewardError(RuntimeError):
@@ -35,6 +41,7 @@ class RewardSpec:
     timeout_s: float | None = None  # a batch call slower than this fails for all its samples
     max_fail_frac: float = 0.5      # more failed samples than this in one batch stops training
     kwargs: dict = None
+    style: str = "auto"             # how the function is called: mmrl | trl | verl | easyr1 | ... (styles.py)
 
 
 def parse_specs(entries: list[Any], key: str = "rewards") -> list[RewardSpec]:
@@ -59,7 +66,8 @@ def parse_specs(entries: list[Any], key: str = "rewards") -> list[RewardSpec]:
         except (TypeError, ValueError) as err:
             raise ValueError(f"config key '{key}[{i}]' ({name}): weight, timeout_s and max_fail_frac must be numbers: {err}")
         kwargs = {k: v for k, v in e.items() if k not in RESERVED}
-        specs.append(RewardSpec(name, label, weight, timeout, frac, kwargs))
+        style = check_style(str(e.get("style", "auto")), f"config key '{key}[{i}].style' ({name})")
+        specs.append(RewardSpec(name, label, weight, timeout, frac, kwargs, style))
     return specs
 
 
@@ -71,11 +79,12 @@ class RewardSet:
         self.fns: list[Callable] = []
         for s in specs:
             try:
-                self.fns.append(resolve(s.name, s.kwargs))
+                self.fns.append(resolve(s.name, s.kwargs, s.style))
             except ValueError as e:
                 raise ValueError(f"reward {s.label!r}: {e}") from None
         self._seen_errors: set[tuple[str, str]] = set()
-        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmrl-reward")
+        self._timeout_pools = {s.label: _pool(f"mmrl-reward-{s.label}") for s in specs if s.timeout_s is not None}
+        self._others = _pool("mmrl-rewards", max(1, len(specs) - 1))         # every reward but the first
 
     @property
     def labels(self) -> list[str]:
@@ -88,12 +97,12 @@ class RewardSet:
     def _call(self, spec: RewardSpec, fn: Callable, samples: list) -> list:
         if spec.timeout_s is None:
             return fn(samples)
-        future = self._pool.submit(fn, samples)
+        future = self._timeout_pools[spec.label].submit(fn, samples)
         try:
             return future.result(timeout=spec.timeout_s)
         except cf.TimeoutError:
             # the stuck call keeps its thread; later calls get a fresh pool
-            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmrl-reward")
+            self._timeout_pools[spec.label] = _pool(f"mmrl-reward-{spec.label}")
             raise TimeoutError(f"reward {spec.label!r} took longer than timeout_s={spec.timeout_s}")
 
     def _note(self, spec: RewardSpec, err: BaseException, sample_id: str) -> None:
@@ -133,11 +142,20 @@ class RewardSet:
                               "a reward must return one float or None per sample")
         return list(values)
 
+    def _timed(self, spec: RewardSpec, fn: Callable, samples: list) -> tuple[list, BaseException | None, float]:
+        t0 = time.perf_counter()
+        values, first_err = self._score_one(spec, fn, samples)
+        return values, first_err, time.perf_counter() - t0
+
     def score(self, samples: list) -> tuple[torch.Tensor, dict]:
+        """Every reward on `samples`, concurrently: the first on this thread (math-verify's timeouts
+        need the main thread), the others each on a worker thread; results in the configured order."""
         n = len(samples)
+        rest = [self._others.submit(self._timed, spec, fn, samples) for spec, fn in zip(self.specs[1:], self.fns[1:])]
+        results = [self._timed(self.specs[0], self.fns[0], samples)] if self.specs else []
+        results += [f.result() for f in rest]
         columns, metrics = [], {}
-        for spec, fn in zip(self.specs, self.fns):
-            values, first_err = self._score_one(spec, fn, samples)
+        for spec, (values, first_err, seconds) in zip(self.specs, results):
             col = [_as_float(v) for v in values]
             failed = sum(math.isnan(v) for v in col)
             if n and failed / n > spec.max_fail_frac:
@@ -145,13 +163,18 @@ class RewardSet:
                 raise RewardError(f"reward {spec.label!r} failed on {failed} of {n} samples "
                                   f"(more than max_fail_frac={spec.max_fail_frac}){cause}")
             good = [v for v in col if not math.isnan(v)]
-            # plain numbers: the trainer declares how each suffix combines over processes
+            # plain numbers: the trainer declares how each combines over processes
             # (mmrl/collect.py SCORER_METRICS); a new metric here needs a row there
             metrics[f"reward/{spec.label}/mean"] = sum(good) / len(good) if good else float("nan")
             metrics[f"reward/{spec.label}/failed"] = failed                  # a count
+            metrics[f"time/reward/{spec.label}_s"] = seconds                  # wall time of its call(s)
             columns.append(col)
         scores = torch.tensor(columns, dtype=torch.float32).T.reshape(n, len(self.specs))  # [N, K]
         return scores, metrics
+
+
+def _pool(name: str, workers: int = 1) -> cf.ThreadPoolExecutor:
+    return cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
 
 
 def _as_float(v) -> float:

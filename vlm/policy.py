@@ -142,8 +142,8 @@ class VLMPolicy(Policy):
         out = []
         for i, (x, c, text, done) in enumerate(zip(rows, completions, texts, ended)):
             p, g = divmod(i, group_size)
-            meta = {**x.meta, "resize": x.resize, "num_tokens": int(c.numel()), "finished": bool(done),
-                    "prompt_truncated": x.truncated}
+            meta = {**x.meta, "resize": x.resize, "num_tokens": int(c.numel()), "completion_ids": c.tolist(),
+                    "finished": bool(done), "prompt_truncated": x.truncated}
             out.append(Sample(prompt=x.text, output=text, images=x.images, answer=x.row.get("answer"), meta=meta,
                               id=f"{tag} prompt {prompts.index[p]} sample {g}"))
         return out

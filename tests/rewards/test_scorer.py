@@ -182,14 +182,14 @@ def test_a_failure_is_logged_once_per_reward_and_error_type_with_what_failed(cap
     with caplog.at_level("WARNING", logger="mmrl.rewards"):
         rs.score(samples(4))
         rs.score(samples(4))
-    lines = [r.getMessage() for r in caplog.records]
+    lines = sorted(r.getMessage() for r in caplog.records)                  # the rewards run concurrently
     assert lines == [
-        "reward 'odd' failed on sample 1: ValueError: cannot score 1 (further ValueError errors of this reward "
-        "are counted, not logged)",
         "reward 'kinds' failed on sample 1: ValueError: bad one (further ValueError errors of this reward are "
         "counted, not logged)",
         "reward 'kinds' failed on sample 2: KeyError: 'missing' (further KeyError errors of this reward are "
-        "counted, not logged)"]
+        "counted, not logged)",
+        "reward 'odd' failed on sample 1: ValueError: cannot score 1 (further ValueError errors of this reward "
+        "are counted, not logged)"]
     caplog.clear()
     with caplog.at_level("WARNING", logger="mmrl.rewards"):
         rs._note(rs.specs[0], TimeoutError("slow"), "")
@@ -246,3 +246,29 @@ def test_reward_keyword_arguments_reach_the_reward():
     """Keys of a `rewards:` entry that are not reserved are the reward's keyword arguments."""
     scores, _ = RewardSet(parse_specs([{"name": f"{__file__}:scaled", "factor": 3.0}])).score(samples(2))
     assert scores[:, 0].tolist() == [3.0, 3.0]
+
+
+def test_rewards_of_a_batch_run_concurrently_the_first_on_the_calling_thread():
+    """Two rewards that each wait for the other (a barrier of 2) only finish when they run at the same
+    time; the first configured reward runs on the calling thread (math-verify's timeouts need the main
+    thread); each reward's wall time is reported."""
+    import threading
+
+    barrier, threads = threading.Barrier(2), {}
+
+    def waits(label):
+        def reward(batch):
+            threads[label] = threading.current_thread()
+            barrier.wait(timeout=30)                                          # BrokenBarrierError if alone
+            time.sleep(0.05)
+            return [1.0] * len(batch)
+        return reward
+
+    rs = RewardSet(parse_specs([{"name": "format", "label": "a"}, {"name": "format", "label": "b"}]))
+    rs.fns = [waits("a"), waits("b")]
+    scores, metrics = rs.score(samples(3))
+    assert scores.tolist() == [[1.0, 1.0]] * 3
+    assert threads["a"] is threading.main_thread() and threads["b"] is not threading.main_thread()
+    assert metrics["time/reward/a_s"] >= 0.05 and metrics["time/reward/b_s"] >= 0.05
+    again, _ = rs.score(samples(2))                                           # the worker thread is reused
+    assert again.tolist() == [[1.0, 1.0]] * 2
