@@ -6,7 +6,8 @@ The scored distribution is the one the rollout sampled from (before top-p/top-k,
 and EasyR1): softmax((logits + block_bias) / temperature), where block_bias is -1e9 on the
 tokens generation never emits (image placeholders and other special tokens). Log-softmax
 runs in fp32 over chunks of `chunk` positions and keeps only the sampled tokens' log-probs
-and the per-token entropy; with grad enabled each chunk is checkpointed, so neither
+and the per-token entropy (the lm_head runs in matmuls of exactly `chunk` positions, so a token's
+log-prob does not depend on how many rows share the forward); with grad enabled each chunk is checkpointed, so neither
 [n, T, V] logits nor their log-softmax are ever held whole.
 """
 
@@ -21,9 +22,21 @@ from vlm.features import base_model, encode
 BLOCK_BIAS = -1e9   # finite, so p * log p stays 0 (not NaN) for blocked tokens
 
 
+def _logits(h: torch.Tensor, lm_head, rows: int) -> torch.Tensor:
+    """lm_head over the n c positions of h [n, c, H] in matmuls of exactly `rows` positions (the last one
+    padded with copies of the first position): a position's logits then never depend on how many rows
+    share the call (CPU GEMM kernels are picked by shape and round differently, e.g. 4 vs 20 rows)."""
+    flat = h.reshape(-1, h.shape[-1])                                  # [n c, H]
+    m = flat.shape[0]
+    if m % rows:
+        flat = torch.cat([flat, flat[:1].expand(rows - m % rows, -1)])
+    out = torch.cat([lm_head(block) for block in flat.split(rows)])[:m]  # [n c, V]
+    return out.view(*h.shape[:-1], out.shape[-1])                       # [n, c, V]
+
+
 def _chunk_scores(h: torch.Tensor, targets: torch.Tensor, lm_head, bias: torch.Tensor, temperature: float,
-                  softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = lm_head(h).float()                                        # [n, c, V] fp32
+                  softcap: float | None, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = _logits(h, lm_head, rows).float()                         # [n, c, V] fp32
     if softcap:                                                        # Gemma-style final logit soft-capping
         logits = torch.tanh(logits / softcap) * softcap
     logits = (logits + bias) / temperature                             # [n, c, V]
@@ -38,7 +51,7 @@ def token_scores(hidden: torch.Tensor, targets: torch.Tensor, lm_head, bias: tor
     """Log-probs and entropies [n, T] of `targets` [n, T] from hidden states [n, T, H]."""
     logps, ents = [], []
     for s in range(0, hidden.shape[1], chunk):
-        args = (hidden[:, s:s + chunk], targets[:, s:s + chunk], lm_head, bias, temperature, softcap)
+        args = (hidden[:, s:s + chunk], targets[:, s:s + chunk], lm_head, bias, temperature, softcap, chunk)
         if torch.is_grad_enabled():
             lp, en = checkpoint(_chunk_scores, *args, use_reentrant=False)
         else:

@@ -328,6 +328,23 @@ def test_token_scores_chunks_cover_every_position_and_pass_gradients_to_the_head
     torch.testing.assert_close(head.weight.grad, expected)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_rows_log_probs_do_not_depend_on_how_many_rows_share_the_call(n):
+    """The lm_head runs in matmuls of exactly `chunk` positions: a row scored with n - 1 others gives the
+    bits it gives alone. (A CPU with AVX-512 rounded the [1 x 4] and [5 x 4]-position head matmuls of
+    a multi-turn view differently, 3e-7 apart, and the on-policy ratio was no longer exactly 1.)"""
+    from vlm.logprobs import token_scores
+
+    torch.manual_seed(0)
+    T, H, V, chunk = 6, 128, 324, 4
+    hidden, targets = torch.randn(5, T, H), torch.randint(V, (5, T))                   # [5, T, H], [5, T]
+    head, bias = torch.nn.Linear(H, V, bias=False), torch.zeros(V)
+    with torch.no_grad():
+        together = token_scores(hidden, targets, head, bias, 1.0, None, chunk)
+        part = token_scores(hidden[:n], targets[:n], head, bias, 1.0, None, chunk)
+    assert torch.equal(part[0], together[0][:n]) and torch.equal(part[1], together[1][:n])
+
+
 def test_fresh_features_are_encoded_once_per_prompt_and_equal_the_cached_ones(scoring_case, monkeypatch):
     """When the vision side trains (encode_with_grad), each distinct prompt of a microbatch is encoded once
     (the G rows of a group share it) and the log-probs equal those from the rollout's cached features."""
