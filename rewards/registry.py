@@ -4,7 +4,8 @@ A registered entry is either a plain reward `fn(samples, **kwargs) -> list[float
 (kwargs from the config are passed on every call) or, with `factory=True`, a factory
 `factory(**kwargs) -> reward` called once (heavy models are loaded there, lazily).
 A reference 'module:attr' / 'file.py:attr' names a plain reward, or a factory when it is a
-class or carries `_mmrl_factory = True`. A function written for TRL, veRL or EasyR1 is called
+class or carries `_mmrl_factory = True`. A factory may carry `mmrl_validate(**kwargs)`: its checks
+of the config entry, run when the config is loaded (before anything is built). A function written for TRL, veRL or EasyR1 is called
 the way that framework calls it (`style`, rewards/styles.py).
 """
 
@@ -82,6 +83,12 @@ def check(name: str, kwargs: dict | None = None, field: str | None = None, style
         params = [p for p in _parameters(e.obj)[skip:] if p not in styles.own_arguments(kind)]
         raise LookupFailed(f"{_where(field)}reward {name!r} takes no argument {', '.join(map(repr, bad))}; "
                            f"its arguments: {', '.join(params) or 'none'}")
+    validate = getattr(e.obj, "mmrl_validate", None)           # a factory's own checks, before it loads anything
+    if validate is not None:
+        try:
+            validate(**kwargs)
+        except ValueError as err:
+            raise LookupFailed(f"{_where(field)}{err}") from None
     return e
 
 
