@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -20,13 +21,18 @@ def _image(url: str):
     return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = False        # server_close() waits for requests in flight (a model call must not be cut)
+
+
 class ChatServer:
     """`with ChatServer(backend, token=None, fail_first=0) as s:` serves at `s.url` (".../v1"). The first
     `fail_first` requests get 503 (`s.failed`); without the bearer `token` a request gets 401
-    (`s.refused`); the bodies of the requests answered are kept in `s.requests`."""
+    (`s.refused`); every request waits `delay_s` first; the bodies of the requests answered are kept in
+    `s.requests`."""
 
-    def __init__(self, backend, token: str | None = None, fail_first: int = 0):
-        self.backend, self.token, self.fail_first = backend, token, fail_first
+    def __init__(self, backend, token: str | None = None, fail_first: int = 0, delay_s: float = 0.0):
+        self.backend, self.token, self.fail_first, self.delay_s = backend, token, fail_first, delay_s
         self.requests, self.failed, self.refused = [], 0, 0
         self._lock = threading.Lock()                                         # one model call at a time
         server = self
@@ -45,6 +51,7 @@ class ChatServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                time.sleep(server.delay_s)
                 if self.path != "/v1/chat/completions":
                     return self._send(404, {"error": f"no route {self.path}"})
                 if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
@@ -64,7 +71,7 @@ class ChatServer:
                                  "choices": [{"index": 0, "finish_reason": "stop",
                                               "message": {"role": "assistant", "content": reply}}]})
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
     def __enter__(self) -> ChatServer:

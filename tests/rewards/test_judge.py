@@ -90,6 +90,14 @@ def test_endpoint_judge_gives_the_local_scores_through_a_real_chat_server(local)
         assert asked == sorted(RUBRIC.format(prompt=s.prompt) for s in samples)
 
 
+def test_a_request_slower_than_its_timeout_is_retried_then_unscorable(local):
+    samples = _scenes(2)
+    with ChatServer(local.backend, delay_s=1.5) as server:
+        judge = resolve("judge", {"url": server.url, "rubric": RUBRIC, "request_timeout_s": 0.1, "retries": 1})
+        with pytest.raises(RuntimeError, match="every request failed"):
+            judge(samples)
+
+
 def test_endpoint_retries_5xx_not_4xx_and_a_dead_endpoint_names_its_url(local):
     samples = _scenes(2)
     with ChatServer(local.backend, fail_first=2) as server:                 # two 503s, then answers
