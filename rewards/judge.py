@@ -10,8 +10,10 @@ text; "" for an image), `answer` and `meta` (`{meta[color]}`). The reply is pars
 (`scale: [lo, hi]` maps lo..hi to 0..1, clipped; inside <answer>...</answer> when the reply has one,
 else the first number in it) or, with `choices`, as the earliest of the choice words (whole words,
 any case) and its value. A reply that does not parse scores None (unscorable, counted). Images are
-resized to `image_size` [W, H] first when it is given. Exactly one of `model` (loaded once, on
-`device` in `dtype`) and `url` (`api_key` as a bearer token) says where the model runs.
+resized to `image_size` [W, H] first when it is given. `output: text | image` judges only samples
+whose output is a completion / an image (the others score None; default `any`). Exactly one of
+`model` (loaded once, on `device` in `dtype`) and `url` (`api_key` as a bearer token) says where the
+model runs.
 """
 
 from __future__ import annotations
@@ -71,8 +73,14 @@ def _check_parse(scale, choices) -> None:
         raise ValueError(f"judge: scale must be [lo, hi] with lo != hi, got {scale!r}")
 
 
-def validate(rubric=None, model=None, url=None, scale=None, choices=None, image_size=None, **_) -> None:
+OUTPUTS = ("any", "text", "image")
+
+
+def validate(rubric=None, model=None, url=None, scale=None, choices=None, image_size=None, output="any",
+             **_) -> None:
     """The checks a judge entry passes before anything is loaded (run when the config is loaded)."""
+    if output not in OUTPUTS:
+        raise ValueError(f"judge: output must be one of {', '.join(OUTPUTS)} (what it judges), got {output!r}")
     if rubric is None:
         raise ValueError("judge: rubric is required (the question asked about each sample)")
     check_rubric(rubric)
@@ -92,27 +100,43 @@ def judge(rubric: str, model: str | None = None, url: str | None = None, api_mod
           api_key: str | None = None, scale: list | None = None, choices: dict | None = None,
           max_new_tokens: int = 16, batch_size: int = 8, device: str = "cpu", dtype: str = "float32",
           image_size: list | None = None, request_timeout_s: float = 60.0, retries: int = 2,
-          max_concurrency: int = 4):
+          max_concurrency: int = 4, output: str = "any"):
     """VLM-as-judge: a rubric question about each sample, its reply parsed into a score (factory)."""
     from rewards.judge_backends import ChatEndpoint, LocalVLM
 
-    validate(rubric, model, url, scale, choices, image_size)
+    validate(rubric, model, url, scale, choices, image_size, output)
     scale = [0, 10] if scale is None else scale
     backend = (LocalVLM(model, device, dtype, max_new_tokens, batch_size) if model is not None else
                ChatEndpoint(url, api_model, api_key, max_new_tokens, request_timeout_s, retries, max_concurrency))
 
+    def parse(reply: str | None) -> float | None:
+        if reply is None:
+            return None
+        return parse_choice(reply, choices) if choices is not None else parse_number(reply, *map(float, scale))
+
     def score(samples: list) -> list:
-        conversations = [(_images(s, image_size), _question(rubric, s)) for s in samples]
-        replies = backend.reply(conversations)
-        if choices is not None:
-            return [None if r is None else parse_choice(r, choices) for r in replies]
-        return [None if r is None else parse_number(r, float(scale[0]), float(scale[1])) for r in replies]
+        judged = [i for i, s in enumerate(samples) if _judges(output, s.output)]
+        replies = backend.reply([(_images(samples[i], image_size), _question(rubric, samples[i])) for i in judged])
+        out = [None] * len(samples)                                         # other outputs: not judged
+        for i, reply in zip(judged, replies):
+            out[i] = parse(reply)
+        return out
 
     score.backend = backend
     return score
 
 
 judge.mmrl_validate = validate
+
+
+def _judges(output: str, value) -> bool:
+    if output == "text":
+        return isinstance(value, str)
+    if output == "image":
+        from PIL import Image
+
+        return isinstance(value, Image.Image)
+    return True
 
 
 def _question(rubric: str, s) -> str:

@@ -46,6 +46,10 @@ SPECS = {
     "shapes_vlm": ("shapes_text", lambda d: {}),
     "env_return": ("episode", lambda d: {}),
     "env_success": ("episode", lambda d: {}),
+    "judge": ("shapes_image", lambda d: {"model": str(Path(__file__).parents[2] / "assets" / "tiny" / "shapes_vlm"),
+                                         "rubric": "How many {meta[color]} shapes are in the image? Reply as "
+                                                   "<answer> answer </answer>.", "scale": [0, 3],
+                                         "image_size": [112, 112], "max_new_tokens": 8, "output": "image"}),
 }
 
 
