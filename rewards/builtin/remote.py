@@ -9,8 +9,9 @@ that meets a connection error, a timeout (`request_timeout_s`) or a 5xx is sent 
 call still fail, their samples score None (unscorable, counted) and a warning names the URL; when
 all fail, the call raises an error naming the URL, which the scorer (rewards/scorer.py) isolates
 per sample and, past `max_fail_frac`, puts in the RewardError that stops training. After a call
-found the server unreachable, calls fail at once (no new retries) for one backoff cycle, so the
-scorer's per-sample retries of a dead server cost milliseconds, not minutes.
+found the server unreachable (every request failed through every retry), calls fail at once (no new
+attempts) for one backoff cycle, so the scorer's per-sample retries of a dead server cost
+milliseconds, not minutes.
 
 `timeout_s`, `weight`, `label` and `max_fail_frac` are the scorer's keys, as for any reward
 (`timeout_s` bounds the whole call); `token` defaults to the environment variable MMRL_REWARD_TOKEN.
@@ -35,7 +36,12 @@ log = logging.getLogger("mmrl.rewards.remote")
 
 
 class RemoteRewardError(RuntimeError):
-    """A request to the reward server failed for good; the message names the URL."""
+    """A request to the reward server failed for good; the message names the URL. `unreachable`:
+    it failed on connection errors, timeouts or 5xx through every retry."""
+
+    def __init__(self, message: str, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,8 @@ class RemoteReward:
                 failed.append(e)
                 scores += [None] * len(batch)
         if failed and len(failed) == len(batches):
+            if all(getattr(e, "unreachable", False) for e in failed):
+                self._down = (time.monotonic() + self._cycle_s(), str(failed[0]))
             raise failed[0]
         if failed:
             log.warning("remote reward: %d of %d requests failed, their samples are unscorable; first: %s",
@@ -136,9 +144,8 @@ class RemoteReward:
             why = f"HTTP {r.status_code}: {_detail(r)}"
             if r.status_code < 500:
                 raise RemoteRewardError(f"reward server {url} refused the request ({why})")
-        message = f"reward server {url} failed after {self.cfg.retries + 1} attempts ({why})"
-        self._down = (time.monotonic() + self._cycle_s(), message)
-        raise RemoteRewardError(message)
+        raise RemoteRewardError(f"reward server {url} failed after {self.cfg.retries + 1} attempts ({why})",
+                                unreachable=True)
 
     def _cycle_s(self) -> float:
         return self.cfg.backoff_s * (2 ** self.cfg.retries - 1 if self.cfg.retries else 1)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from reward_server_kit import serving
 from rewards.registry import registered, resolve
 from rewards.sample import Sample
 
@@ -46,6 +47,7 @@ SPECS = {
     "shapes_vlm": ("shapes_text", lambda d: {}),
     "env_return": ("episode", lambda d: {}),
     "env_success": ("episode", lambda d: {}),
+    "remote": ("text", lambda d: {"url": d["format_server"]}),        # `format` behind a real server
 }
 
 
@@ -96,19 +98,21 @@ OTHER_KIND = {"text": "image", "box": "image", "image": "text", "shapes_image": 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """name -> reward built through the registry, cached for the module (with tiny assets on disk)."""
+    """name -> reward built through the registry, cached for the module (with tiny assets on disk
+    and a reward server)."""
     root = tmp_path_factory.mktemp("reward_assets")
-    assets = {"hf_clip": tiny.hf_clip_folder(root / "hf_clip"),
-              "hps": tiny.hpsv2_checkpoint(root / "hps.pt", wrap=False),
-              "mlp": tiny.aesthetic_checkpoint(root / "mlp.pth")}
-    cache = {}
+    with serving(resolve("format", {}), "format") as url:
+        assets = {"hf_clip": tiny.hf_clip_folder(root / "hf_clip"),
+                  "hps": tiny.hpsv2_checkpoint(root / "hps.pt", wrap=False),
+                  "mlp": tiny.aesthetic_checkpoint(root / "mlp.pth"), "format_server": url}
+        cache = {}
 
-    def get(name):
-        if name not in cache:
-            cache[name] = resolve(name, SPECS[name][1](assets))
-        return cache[name]
+        def get(name):
+            if name not in cache:
+                cache[name] = resolve(name, SPECS[name][1](assets))
+            return cache[name]
 
-    return get
+        yield get
 
 
 def _check_scores(scores, n):

@@ -4,6 +4,7 @@ reward, health, auth, size cap, schema errors, failing rewards, one reward threa
 import base64
 import io
 import json
+import subprocess
 import threading
 
 import httpx
@@ -14,8 +15,9 @@ from PIL import Image
 from reward_server_kit import serving
 from rewards.registry import resolve
 from rewards.sample import Sample
+from rewards.server import listen
 from shapes_world.tasks import render_prompt, t2i_records
-from testkit import REPO
+from testkit import REPO, mmrl_cmd
 
 TEXT = [Sample("1+1?", "<think>easy</think><answer>2</answer>", answer="2", id="a"),
         Sample("x?", "<answer>3/7</answer>", answer="0.428571", id="b"),
@@ -148,3 +150,16 @@ def test_the_reward_runs_on_one_thread_one_call_at_a_time():
         remote = _remote(url, batch_size=1, max_concurrency=8)
         assert remote([Sample("", str(i)) for i in range(16)]) == [0.5] * 16
     assert len(seen) == 1 and state["max"] == 1
+
+
+def test_the_serve_command_refuses_a_bad_reward_or_a_taken_port():
+    unknown = subprocess.run(mmrl_cmd("rewards", "serve", "nope"), capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "valid names: " in unknown.stderr and "Traceback" not in unknown.stderr
+    taken = listen("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        busy = subprocess.run(mmrl_cmd("rewards", "serve", "format", "--port", str(port)),
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        taken.close()
+    assert busy.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr
