@@ -93,7 +93,7 @@ class RemoteReward:
             return []
         down = self._down
         if down is not None and time.monotonic() < down[0]:
-            raise RemoteRewardError(f"{down[1]} (not retried for {self._cycle_s():g} s)")
+            raise RemoteRewardError(f"{down[1]} (no new attempt within {self._cycle_s():g} s of that failure)")
         size = self.cfg.batch_size
         batches = [samples[i:i + size] for i in range(0, len(samples), size)]
         futures = [self._pool.submit(self._score_batch, b) for b in batches]

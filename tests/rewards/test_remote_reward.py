@@ -68,7 +68,7 @@ def test_a_dead_server_is_an_error_naming_the_url_at_build_and_at_call():
         reward = _remote(url, retries=0, backoff_s=30.0)      # no waits; a 30 s fail-fast cycle
     with pytest.raises(RemoteRewardError, match=f"{url}/score failed after 1 attempts.*ConnectError"):
         reward(SAMPLES)
-    with pytest.raises(RemoteRewardError, match=f"{url}/score failed.*not retried for 30 s"):
+    with pytest.raises(RemoteRewardError, match=f"{url}/score failed.*no new attempt within 30 s"):
         reward(SAMPLES[:1])                       # within one backoff cycle: no new attempts
     with pytest.raises(ValueError, match=f"config key 'url': reward server {url}/health failed after 1 attempts"):
         _remote(url, retries=0)
