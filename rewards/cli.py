@@ -124,7 +124,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     sv = rsub.add_parser("serve", help="serve a reward over HTTP for the 'remote' reward",
                          description="Serve REWARD (built once) at POST /score and GET /health; "
                                      "schema: rewards/wire.py.")
-    sv.add_argument("name", help="registered name, module:function or path/to/file.py:function")
+    sv.add_argument("name", metavar="REWARD", help="registered name, module:function or path/to/file.py:function")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     sv.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0 picks a free one")
     sv.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (default: $MMRL_REWARD_TOKEN, else none)")
