@@ -1,4 +1,5 @@
-"""`mmrl rewards list` and `mmrl rewards score NAME ...`: try a reward before training."""
+"""`mmrl rewards list`, `mmrl rewards score NAME ...` (try a reward before training) and
+`mmrl rewards serve NAME ...` (serve it over HTTP for the `remote` reward: rewards/server.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import sys
 
 import yaml
+
+DEFAULT_PORT, DEFAULT_MAX_REQUEST_MB = 8000, 64.0
 
 
 def _list(args) -> int:
@@ -28,6 +31,17 @@ def _parse_value(text: str):
         return text
 
 
+def _set_kwargs(items: list[str] | None) -> dict:
+    """`--set key=value` pairs -> reward keyword arguments."""
+    kwargs = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} must look like key=value")
+        kwargs[key] = _parse_value(value)
+    return kwargs
+
+
 def _open_image(path: str, flag: str):
     from PIL import Image, UnidentifiedImageError
 
@@ -43,12 +57,7 @@ def _score(args) -> int:
     from rewards.scorer import RewardError, RewardSet, RewardSpec
 
     try:
-        kwargs = {}
-        for item in args.set or []:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ValueError(f"--set {item!r} must look like key=value")
-            kwargs[key] = _parse_value(value)
+        kwargs = _set_kwargs(args.set)
         if (args.output is None) == (args.output_image is None):
             raise ValueError("give exactly one of --output TEXT or --output-image PATH")
         output = args.output if args.output is not None else _open_image(args.output_image, "--output-image")
@@ -67,8 +76,38 @@ def _score(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    import os
+
+    from rewards.registry import resolve
+    from rewards.server import create_app, listen, make_server
+
+    token = args.token or os.environ.get("MMRL_REWARD_TOKEN") or None
+    try:
+        if args.max_request_mb <= 0:
+            raise ValueError(f"--max-request-mb must be > 0, got {args.max_request_mb}")
+        if not 0 <= args.port < 65536:
+            raise ValueError(f"--port must be in 0..65535, got {args.port}")
+        reward = resolve(args.name, _set_kwargs(args.set))
+        app = create_app(reward, args.name, token=token, max_request_bytes=int(args.max_request_mb * 2**20))
+        server = make_server(app)
+        sock = listen(args.host, args.port)
+    except (ValueError, ImportError) as e:
+        print(f"mmrl: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"mmrl: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"mmrl: serving reward {args.name!r} on http://{shown}:{port} "
+          f"({'token required' if token else 'no token'}); stop with Ctrl-C", flush=True)
+    server.run(sockets=[sock])
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    r = sub.add_parser("rewards", help="list rewards or score one sample")
+    r = sub.add_parser("rewards", help="list rewards, score one sample, or serve a reward over HTTP")
     rsub = r.add_subparsers(dest="rewards_command", metavar="SUBCOMMAND", required=True)
     ls = rsub.add_parser("list", help="the registered rewards, one line each")
     ls.set_defaults(func=_list)
@@ -82,3 +121,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--meta", help="other dataset columns as a JSON object")
     sc.add_argument("--set", action="append", metavar="KEY=VALUE", help="reward keyword argument (repeatable)")
     sc.set_defaults(func=_score)
+    sv = rsub.add_parser("serve", help="serve a reward over HTTP for the 'remote' reward",
+                         description="Serve REWARD (built once) at POST /score and GET /health; "
+                                     "schema: rewards/wire.py.")
+    sv.add_argument("name", metavar="REWARD", help="registered name, module:function or path/to/file.py:function")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0 picks a free one")
+    sv.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (default: $MMRL_REWARD_TOKEN, else none)")
+    sv.add_argument("--max-request-mb", type=float, default=DEFAULT_MAX_REQUEST_MB,
+                    help=f"larger request bodies get 413 (default {DEFAULT_MAX_REQUEST_MB:g})")
+    sv.add_argument("--set", action="append", metavar="KEY=VALUE", help="reward keyword argument (repeatable)")
+    sv.set_defaults(func=_serve)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from reward_server_kit import serving
 from rewards.registry import registered, resolve
 from rewards.sample import Sample
 
@@ -50,6 +51,7 @@ SPECS = {
                                          "rubric": "How many {meta[color]} shapes are in the image? Reply as "
                                                    "<answer> answer </answer>.", "scale": [0, 3],
                                          "image_size": [112, 112], "max_new_tokens": 8, "output": "image"}),
+    "remote": ("text", lambda d: {"url": d["format_server"]}),        # `format` behind a real server
 }
 
 
@@ -100,19 +102,21 @@ OTHER_KIND = {"text": "image", "box": "image", "image": "text", "shapes_image": 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """name -> reward built through the registry, cached for the module (with tiny assets on disk)."""
+    """name -> reward built through the registry, cached for the module (with tiny assets on disk
+    and a reward server)."""
     root = tmp_path_factory.mktemp("reward_assets")
-    assets = {"hf_clip": tiny.hf_clip_folder(root / "hf_clip"),
-              "hps": tiny.hpsv2_checkpoint(root / "hps.pt", wrap=False),
-              "mlp": tiny.aesthetic_checkpoint(root / "mlp.pth")}
-    cache = {}
+    with serving(resolve("format", {}), "format") as url:
+        assets = {"hf_clip": tiny.hf_clip_folder(root / "hf_clip"),
+                  "hps": tiny.hpsv2_checkpoint(root / "hps.pt", wrap=False),
+                  "mlp": tiny.aesthetic_checkpoint(root / "mlp.pth"), "format_server": url}
+        cache = {}
 
-    def get(name):
-        if name not in cache:
-            cache[name] = resolve(name, SPECS[name][1](assets))
-        return cache[name]
+        def get(name):
+            if name not in cache:
+                cache[name] = resolve(name, SPECS[name][1](assets))
+            return cache[name]
 
-    return get
+        yield get
 
 
 def _check_scores(scores, n):
