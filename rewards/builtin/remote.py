@@ -173,3 +173,11 @@ def remote(url: str = "", request_timeout_s: float = 60.0, retries: int = 3, bac
                          f"running there (with the same token)?") from None
     log.info("remote reward: %s serves %r", cfg.url, served)
     return reward
+
+
+def _check(url: str = "", token: str | None = None, **numbers) -> None:
+    """The config checks (url, numbers) without asking the server: run when the config is loaded."""
+    validate(RemoteConfig(url, **numbers))
+
+
+remote.mmrl_validate = _check
