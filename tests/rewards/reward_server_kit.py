@@ -42,6 +42,16 @@ class Script:
         self.lock = threading.Lock()
 
 
+def send_json(handler: BaseHTTPRequestHandler, status: int, payload) -> None:
+    """Answer a stdlib server's request with `payload` as JSON."""
+    body = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 @contextlib.contextmanager
 def scripted(script: Script):
     """A stdlib HTTP server playing `script` on a free port; yields the base URL."""
@@ -51,12 +61,7 @@ def scripted(script: Script):
             pass
 
         def _send(self, status: int, payload) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, status, payload)
 
         def do_GET(self):
             self._send(200, {"status": "ok", "reward": "scripted"})
