@@ -113,26 +113,13 @@ class RewardSet:
                         spec.label, sample_id or "a sample", type(err).__name__, err, type(err).__name__)
 
     def _score_one(self, spec: RewardSpec, fn: Callable, samples: list) -> tuple[list, BaseException | None]:
-        """Batch call; if it raises, fall back to one call per sample to isolate the bad ones."""
-        try:
-            return self._check_length(spec, self._call(spec, fn, samples), len(samples)), None
-        except RewardError:
-            raise
-        except TimeoutError as e:
-            self._note(spec, e, samples[0].id if samples else "")
-            return [None] * len(samples), e
-        except Exception as e:  # noqa: BLE001  (isolation is the point)
-            first = e
-        out = []
-        for s in samples:
-            try:
-                out += self._check_length(spec, self._call(spec, fn, [s]), 1)
-            except RewardError:
-                raise
-            except Exception as e:  # noqa: BLE001
-                self._note(spec, e, s.id)
-                out.append(None)
-        return out, first
+        """Batch call; if it raises, one call per sample to isolate the bad ones (each logged once per type)."""
+        values, errors, first = score_isolated(
+            lambda batch: self._check_length(spec, self._call(spec, fn, batch), len(batch)), samples)
+        for s, err in zip(samples, errors):
+            if err is not None:
+                self._note(spec, err, s.id)
+        return values, first
 
     @staticmethod
     def _check_length(spec: RewardSpec, values, n: int) -> list:
@@ -171,6 +158,33 @@ class RewardSet:
             columns.append(col)
         scores = torch.tensor(columns, dtype=torch.float32).T.reshape(n, len(self.specs))  # [N, K]
         return scores, metrics
+
+
+def score_isolated(call: Callable[[list], list], samples: list) -> tuple[list, list, BaseException | None]:
+    """`call(samples)`, or where it raises, `call([s])` for each sample: (values, each sample's error or None,
+    the batch call's error). A sample whose own call raises scores None. RewardError passes through; a
+    TimeoutError of the batch call fails every sample (a per-sample retry would wait once per sample).
+    The scorer and the reward server (rewards/server.py) isolate failures with it."""
+    n = len(samples)
+    try:
+        return list(call(samples)), [None] * n, None
+    except RewardError:
+        raise
+    except TimeoutError as e:
+        return [None] * n, [e] * n, e
+    except Exception as e:  # noqa: BLE001  (isolation is the point)
+        first = e
+    values, errors = [], []
+    for s in samples:
+        try:
+            values += call([s])
+            errors.append(None)
+        except RewardError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            values.append(None)
+            errors.append(e)
+    return values, errors, first
 
 
 def _pool(name: str, workers: int = 1) -> cf.ThreadPoolExecutor:

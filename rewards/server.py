@@ -19,43 +19,24 @@ import socket
 from typing import Callable
 
 from rewards import wire
+from rewards.scorer import RewardError, score_isolated
 
 log = logging.getLogger("mmrl.rewards.server")
-
-
-class RewardBroken(RuntimeError):
-    """The reward failed in a way per-sample isolation cannot contain (wrong number of scores)."""
 
 
 def _checked(values, n: int, name: str) -> list:
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise RewardBroken(f"reward {name!r} returned {got} scores for {n} samples; "
-                           "a reward must return one float or None per sample")
+        raise RewardError(f"reward {name!r} returned {got} scores for {n} samples; "
+                          "a reward must return one float or None per sample")
     return [wire.score_value(v) for v in values]
 
 
-def score_isolated(reward: Callable, samples: list, name: str) -> tuple[list, list]:
-    """(scores, errors): the batch call, or, if it raises, one call per sample (as rewards/scorer.py)."""
-    n = len(samples)
-    try:
-        return _checked(reward(samples), n, name), [None] * n
-    except RewardBroken:
-        raise
-    except Exception as e:  # noqa: BLE001  (isolation is the point)
-        if n == 1:
-            return [None], [f"{type(e).__name__}: {e}"]
-    scores, errors = [], []
-    for s in samples:
-        try:
-            scores += _checked(reward([s]), 1, name)
-            errors.append(None)
-        except RewardBroken:
-            raise
-        except Exception as e:  # noqa: BLE001
-            scores.append(None)
-            errors.append(f"{type(e).__name__}: {e}")
-    return scores, errors
+def score_request(reward: Callable, samples: list, name: str) -> tuple[list, list]:
+    """(scores, errors): failures isolated per sample as the trainer's scorer does (its error text for
+    each null score); a RewardError (wrong number of scores) passes through."""
+    scores, errors, _ = score_isolated(lambda batch: _checked(reward(batch), len(batch), name), samples)
+    return scores, [None if e is None else f"{type(e).__name__}: {e}" for e in errors]
 
 
 def create_app(reward: Callable, name: str, *, token: str | None = None,
@@ -108,7 +89,7 @@ def create_app(reward: Callable, name: str, *, token: str | None = None,
         authorize(request)
         samples = await run_in_threadpool(decode, await read_capped(request))
         try:
-            scores, errors = await asyncio.wrap_future(worker.submit(score_isolated, reward, samples, name))
+            scores, errors = await asyncio.wrap_future(worker.submit(score_request, reward, samples, name))
         except Exception as e:  # noqa: BLE001  (a broken reward is the client's news, not the server's end)
             log.error("reward %r failed on a request of %d samples: %s: %s", name, len(samples), type(e).__name__, e)
             raise HTTPException(500, f"reward {name!r}: {type(e).__name__}: {e}") from None
