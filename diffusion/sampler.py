@@ -91,7 +91,7 @@ def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: fl
         kept[s] = x
     traj = _pack(x, kept, need, plan.trained)
     mean = _stack_means(means, plan.trained, x)                               # [B, T, ...]
-    logp = _score(traj, mean, d.sched.coefs(noise_level), plan.sde)           # [B, T]
+    logp = _score(traj, mean, d.sched.coefs(noise_level))                     # [B, T]
     return dataclasses.replace(traj, log_probs=logp, means=mean if keep_means else None)
 
 
@@ -109,18 +109,16 @@ def _stack_means(means: dict, trained: Tensor, final: Tensor) -> Tensor:
     return out
 
 
-def _score(traj: Trajectories, mean: Tensor, table: StepCoefs, sde: Tensor) -> Tensor:
+def _score(traj: Trajectories, mean: Tensor, table: StepCoefs) -> Tensor:
     """[B, T] log-probs of the trained transitions (x' and the step means [B, T, ...]), 0 at padding;
-    `table`: the [S] coefficients of the SDE steps, `sde` [S] which steps were SDE (the others score 0)."""
+    `table`: the [S] coefficients of the SDE steps (a trained step is always an SDE step)."""
     b, t = traj.mask.shape
     if t == 0:
         return traj.mask.float()
     rows = torch.arange(b, device=traj.latents.device)[:, None]              # [B, 1]
     x_next = traj.latents[rows, traj.after].flatten(0, 1)                    # [B T, ...]
     step = traj.step_index.flatten()                                          # [B T]
-    live = sde.to(step.device)[step]                                          # [B T]
-    rc = StepCoefs(0.0, 0.0, 0.0, torch.where(live, table.inv2var[step], 0.0),
-                   torch.where(live, table.lconst[step], 0.0))
+    rc = StepCoefs(0.0, 0.0, 0.0, table.inv2var[step], table.lconst[step])
     lp = gaussian_log_prob(x_next, mean.flatten(0, 1), rc).view(b, t)         # [B, T]
     return torch.where(traj.mask > 0, lp, 0.0)
 

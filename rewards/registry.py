@@ -5,8 +5,8 @@ A registered entry is either a plain reward `fn(samples, **kwargs) -> list[float
 `factory(**kwargs) -> reward` called once (heavy models are loaded there, lazily).
 A reference 'module:attr' / 'file.py:attr' names a plain reward, or a factory when it is a
 class or carries `_mmrl_factory = True`. A factory may carry `mmrl_validate(**kwargs)`: its checks
-of the config entry, run when the config is loaded (before anything is built). A function written for TRL, veRL or EasyR1 is called
-the way that framework calls it (`style`, rewards/styles.py).
+of the config entry, run when the config is loaded (before anything is built). A function written
+for TRL, veRL or EasyR1 is called the way that framework calls it (`style`, rewards/styles.py).
 """
 
 from __future__ import annotations
