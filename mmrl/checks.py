@@ -163,6 +163,16 @@ def check_policy(cfg: Config) -> None:
         raise ConfigError(str(e)) from None
 
 
+def check_distributed(cfg: Config) -> None:
+    d = cfg.distributed
+    one_of("distributed.strategy", d.strategy, ("ddp", "fsdp"))
+    one_of("distributed.rollout", d.rollout, ("gathered", "sharded"))
+    if d.strategy == "fsdp" and d.rollout == "sharded" and cfg.env is not None:
+        raise ConfigError("config key 'distributed.rollout' is sharded, but episodes (env section) take a different "
+                          "number of turns on each process, which a per-block gather cannot pair up; use "
+                          "distributed.rollout=gathered")
+
+
 def check_rewards(cfg: Config) -> None:
     from rewards.registry import check
     from rewards.scorer import parse_specs
@@ -233,6 +243,7 @@ def check_all(cfg: Config) -> None:
     check_algo(cfg)
     check_objective(cfg)
     check_policy(cfg)
+    check_distributed(cfg)
     check_env(cfg)
     check_data(cfg)
     check_rewards(cfg)

@@ -111,6 +111,13 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    strategy: str = "ddp"                 # ddp (a full copy per process) | fsdp (FSDP2: weights, gradients, optimizer states sharded per block; mmrl/sharding.py)
+    rollout: str = "gathered"             # fsdp: gathered (the whole model all-gathered once per rollout, generation runs without collectives) | sharded (each block gathered per forward; ranks in lockstep)
+    reshard_after_forward: bool = True    # fsdp: free a block's gathered weights after its forward (ZeRO-3); false keeps them to the backward (fewer all-gathers, more memory)
+
+
+@dataclass(frozen=True)
 class EnvConfig:
     """The `env:` section (multi-turn agents; `mmrl.episodes`). Keys not listed here are the
     environment's own keyword arguments (`kwargs`), e.g. `env: {name: frozenlake, size: 4}`."""
@@ -144,6 +151,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}

@@ -5,8 +5,8 @@ checkpoint, so it must train the same thing. The rule, checked against the `conf
 earlier run wrote next to its `checkpoints/` folder:
 
 - keys that only say how long to train, where to write and what to report may change:
-  `max_steps`, `resume`, `output_dir`, `logging.*`, `checkpoint.*`, `eval.*` and
-  `optim.max_nonfinite_in_a_row`;
+  `max_steps`, `resume`, `output_dir`, `logging.*`, `checkpoint.*`, `eval.*`, `distributed.*` (a
+  checkpoint loads into any number of processes and either strategy) and `optim.max_nonfinite_in_a_row`;
 - every other key (the `policy` section, `algo`, `train` sizes, `optim`, `seed`, `data`,
   `rewards`, `precision`, `cpu`) must keep its value: a change is a `ConfigError` that names
   the changed keys. To train with new values, start a new run in another `output_dir`.
@@ -23,7 +23,8 @@ from omegaconf import OmegaConf
 
 from mmrl.config import Config, ConfigError, to_yaml
 
-SAFE = ("max_steps", "resume", "output_dir", "logging", "checkpoint", "eval", "optim.max_nonfinite_in_a_row")
+SAFE = ("max_steps", "resume", "output_dir", "logging", "checkpoint", "eval", "distributed",
+        "optim.max_nonfinite_in_a_row")
 
 
 def _flat(node, prefix: str = "") -> dict:
@@ -72,5 +73,5 @@ def check_unchanged(checkpoint_path: str, cfg: Config) -> None:
         raise ConfigError(f"config key 'resume': {checkpoint_path!r} was trained with another config; changed "
                           f"{', '.join(changed)} ({diffs}{more}), compared with {saved_path!r}. These keys decide "
                           "what is trained and must stay as they were when resuming (only max_steps, logging.*, "
-                          "checkpoint.*, eval.* and optim.max_nonfinite_in_a_row may change); put them back, or "
+                          "checkpoint.*, eval.*, distributed.* and optim.max_nonfinite_in_a_row may change); put them back, or "
                           "train with the new values in another output_dir")
