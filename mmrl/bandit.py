@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mmrl.config import ConfigError
+from mmrl.sharding import gathered
 from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
 
@@ -64,9 +65,11 @@ class BanditPolicy(Policy):
         if self.cfg.sleep_s:
             time.sleep(self.cfg.sleep_s)
         contexts, actions, samples, groups = [], [], [], []
+        with gathered(self.net):                                                     # FSDP: the whole table
+            theta = self.net.theta.detach().clone()                                  # [C, T, A]
         for p, (row, seed) in enumerate(zip(prompts.rows, prompts.seeds)):
             gen = torch.Generator().manual_seed(seed)
-            probs = torch.softmax(self.net.theta[row["context"]].float().cpu(), -1)  # [T, A]
+            probs = torch.softmax(theta[row["context"]].float().cpu(), -1)           # [T, A]
             for g in range(group_size):
                 arms = torch.multinomial(probs, 1, generator=gen).squeeze(-1)       # [T]
                 contexts.append(row["context"])
@@ -107,8 +110,10 @@ class BanditPolicy(Policy):
     def generate_eval(self, prompts: PromptBatch) -> list:
         """Greedy arms for each prompt (evaluation)."""
         out = []
+        with gathered(self.net):                                                     # FSDP: the whole table
+            theta = self.net.theta.detach().clone()                                  # [C, T, A]
         for row, i in zip(prompts.rows, prompts.index):
-            arms = self.net.theta[row["context"]].argmax(-1).tolist()
+            arms = theta[row["context"]].argmax(-1).tolist()
             out.append(Sample(prompt=f"context {row['context']}", output=" ".join(map(str, arms)),
                               answer=row["answer"], meta={"context": row["context"]}, id=f"eval prompt {i}"))
         return out

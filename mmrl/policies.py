@@ -47,6 +47,9 @@ class BuildContext:
     ratio_norm: bool = False  # algo.ratio_norm: the adapter records what Scores.mean_drift needs (rollout means)
     step_reweight: bool = False  # algo.step_reweight: the adapter must supply Scores.step_weight
     objective: str = "pg"  # algo.objective: nft builds what Policy.forward_process_loss needs (mmrl.nft)
+    shard: Any = None      # distributed.strategy=fsdp: shard(module) shards a model the policy builds besides
+                           # `model` (a frozen reference, a sampling copy) like the trainer shards `model`; else None
+    rollout: str = "gathered"  # distributed.rollout: how sampling code gathers sharded weights (mmrl.sharding.gathered)
 
 
 def adapter(name: str):

@@ -6,6 +6,7 @@ resume), `train` runs the steps. The phases live in `mmrl.collect` and `mmrl.upd
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -16,7 +17,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from mmrl import checkpoint, episodes
+from mmrl import checkpoint, episodes, memory, sharding
 from mmrl.collect import collect
 from mmrl.config import Config, ConfigError, to_yaml
 from mmrl.console import header
@@ -131,14 +132,23 @@ def setup(cfg: Config) -> Run:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     records, eval_records = _records(cfg)
+    dist_cfg = cfg.distributed
+    fsdp = dist_cfg.strategy == "fsdp"
+    shard = (functools.partial(sharding.shard, device=acc.device, precision=cfg.precision,
+                               reshard_after_forward=dist_cfg.reshard_after_forward) if fsdp else None)
     ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc, cfg.algo.kl_beta, cfg.env,
-                       cfg.algo.ratio_norm, cfg.algo.step_reweight, cfg.algo.objective)
+                       cfg.algo.ratio_norm, cfg.algo.step_reweight, cfg.algo.objective, shard, dist_cfg.rollout)
     try:
         policy = build_policy(cfg.policy, ctx)
     except ConfigError:
         raise
     except (ValueError, OSError) as e:  # a model that cannot be found or does not fit the section
         raise ConfigError(f"building policy {cfg.policy.name!r}: {e}") from None
+    if fsdp:
+        shard(policy.model)                   # in place: its parameters become DTensors (mmrl.sharding)
+        on_shard = getattr(policy, "on_shard", None)
+        if on_shard is not None:              # a policy that holds parameter references takes the new ones
+            on_shard()
     params = list(policy.trainable_parameters())
     if not params:
         raise ConfigError("the policy has no trainable parameters (check its LoRA / freezing options)")
@@ -149,7 +159,10 @@ def setup(cfg: Config) -> Run:
     per_opt = samples_per_optimizer_step(cfg.train, n_local)
     total_opt_steps = cfg.max_steps * cfg.train.update_epochs * math.ceil(n_local / per_opt)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total_opt_steps))
-    policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
+    if fsdp:  # already sharded by mmrl (accelerate's own FSDP path does not run on CPU)
+        optimizer, scheduler = acc.prepare(optimizer, scheduler)
+    else:
+        policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
     run = Run(cfg, acc, policy, rewards, records, eval_records, PromptSampler(len(records), cfg.seed),
               optimizer, scheduler, params, p // world, 0, {"skipped": 0, "streak": 0}, build_ema(params, cfg.train),
               diagnostics)
@@ -165,7 +178,11 @@ def setup(cfg: Config) -> Run:
 def _save(run: Run, step: int) -> None:
     acc = run.accelerator
     acc.wait_for_everyone()
-    if acc.is_main_process:
+    if sharding.is_sharded(run.policy.model):              # every process writes its shards
+        state = {"sampler": run.sampler.state_dict(), "counters": dict(run.counters)}
+        checkpoint.save_sharded(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
+                                run.cfg.checkpoint.keep_last, run.ema, main=acc.is_main_process)
+    elif acc.is_main_process:
         state = {"sampler": run.sampler.state_dict(), "counters": dict(run.counters)}
         checkpoint.save(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
                         run.cfg.checkpoint.keep_last, run.ema)
@@ -213,6 +230,7 @@ def fit(run: Run) -> None:
             t1 = time.perf_counter()
             row = {**batch.metrics, **update(run, batch, step)}
             row.update({"time/rollout_s": mean(t1 - t0), "time/update_s": mean(time.perf_counter() - t1)})
+            row.update(memory.metrics(run.policy.model, run.optimizer))
             if cfg.logging.save_samples_every and (step + 1) % cfg.logging.save_samples_every == 0 and main:
                 write_samples(os.path.join(cfg.output_dir, "samples", f"step_{step + 1:06d}.jsonl"),
                               batch.rollout.samples, batch.scores, run.rewards.labels, batch.advantages)

@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from mmrl import memory, sharding
 from mmrl.dist import all_reduce
 from mmrl.losses import LossSpec, Normalizer, policy_loss
 from mmrl.nft import forward_process_objective, update_old_policy
@@ -42,10 +43,13 @@ def _normalizer(run, mask: torch.Tensor) -> Normalizer:
     return Normalizer(seqs, tokens, float(max_len), run.accelerator.num_processes)
 
 
-def _optimizer_step(run, params, loss_total: float, counters: dict) -> float:
-    acc, opt = run.accelerator, run.cfg.optim
+def _optimizer_step(run, params, loss_total: float, counters: dict) -> tuple[float, int]:
+    """Clip, step (or skip a non-finite step), zero the gradients; returns the global gradient norm
+    (over all shards under FSDP) and this process's gradient bytes."""
+    opt = run.cfg.optim
     limit = opt.max_grad_norm if opt.max_grad_norm > 0 else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
+    grad_norm = float(sharding.full(torch.nn.utils.clip_grad_norm_(params, limit)))
+    grad_bytes = memory.grads_bytes(params)
     if math.isfinite(grad_norm) and math.isfinite(loss_total):
         run.optimizer.step()
         run.scheduler.step()
@@ -61,7 +65,7 @@ def _optimizer_step(run, params, loss_total: float, counters: dict) -> float:
                 f"(optim.max_nonfinite_in_a_row={opt.max_nonfinite_in_a_row}); stopping. The last "
                 "checkpoint is intact; try a lower optim.lr or optim.max_grad_norm.")
     run.optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    return grad_norm, grad_bytes
 
 
 def _old_log_probs(run, ro, single_pass: bool) -> torch.Tensor | None:
@@ -121,7 +125,10 @@ def update(run, batch, step: int) -> dict[str, Metric]:
             micro = chunk.split(mb)
             loss_total = 0.0
             for i, idx in enumerate(micro):
-                sync = contextlib.nullcontext() if i == len(micro) - 1 else acc.no_sync(policy.model)
+                # FSDP reduce-scatters every microbatch's gradients (an unsynced FSDP backward keeps whole
+                # gradients); DDP all-reduces only the last one's
+                last = i == len(micro) - 1 or sharding.is_sharded(policy.model)
+                sync = contextlib.nullcontext() if last else acc.no_sync(policy.model)
                 with sync, acc.autocast():
                     loss, m = loss_of(idx, epoch, norm)
                     acc.backward(loss)
@@ -129,8 +136,8 @@ def update(run, batch, step: int) -> dict[str, Metric]:
                 if first_dev is None and "ratio/max_abs_dev" in m:
                     first_dev = float(m["ratio/max_abs_dev"].value)
                 metrics.add(m)
-            grad_norm = _optimizer_step(run, run.params, loss_total, counters)
-            metrics.add({"loss": mean(loss_total), "grad_norm": mean(grad_norm)})
+            grad_norm, grad_bytes = _optimizer_step(run, run.params, loss_total, counters)
+            metrics.add({"loss": mean(loss_total), "grad_norm": mean(grad_norm), "mem/grads_bytes": maximum(grad_bytes)})
     if first_dev is not None:
         metrics.add({"ratio/first_max_abs_dev": maximum(first_dev)})
     if nft:
