@@ -58,6 +58,19 @@ class DiffusionPolicy(Policy):
         self.sched = family.schedule(cfg.rollout_steps, cfg.sde_schedule)
         self.eval_sched = family.schedule(cfg.eval_steps, cfg.sde_schedule)
         self.text_cache = TextCache(lambda p: family.encode([p])[0], cfg.text_cache_size, family.text_encoders())
+        self.rollout_mode = "gathered"                   # distributed.rollout (mmrl.sharding.gathered)
+
+    def on_shard(self) -> None:
+        """After the trainer sharded the denoiser (distributed.strategy=fsdp): the old policy holds the new
+        (sharded) parameters; it is still a copy of the start."""
+        if self.nft_old is not None:
+            self.nft_old = nft.OldPolicy(self.denoiser)
+
+    def _gathered(self):
+        """Sampling with sharded weights (`mmrl.sharding.gathered`); nothing when the model is not sharded."""
+        from mmrl.sharding import gathered
+
+        return gathered(self.model, mode=self.rollout_mode)
 
     # --- helpers -----------------------------------------------------------------------------
     def _autocast(self):
@@ -99,7 +112,7 @@ class DiffusionPolicy(Policy):
             plan = StepPlan(sde=plan.sde, trained=torch.zeros_like(plan.trained))
         cond_rows = [conds[t] for t in texts for _ in range(group_size)]
         sampler = self.nft_old.active() if self.nft_old is not None else contextlib.nullcontext()
-        with self._autocast(), sampler:                                      # all prompts in one batch
+        with self._autocast(), sampler, self._gathered():                    # all prompts in one batch
             traj = denoise(self._denoiser(self.model, self.sched), torch.cat(xs).contiguous(), cond_rows, plan,
                            self.cfg.noise_level, gens, keep_means=self.keep_means)
         images, samples = self._decode(traj.final), []
@@ -207,6 +220,18 @@ class DiffusionPolicy(Policy):
         if self.nft_old is not None:
             nft.load_old(self.nft_old, path)
 
+    def extra_state(self) -> dict:
+        """What a sharded checkpoint keeps besides the parameters (`mmrl.dcp`): DiffusionNFT's sampling copy."""
+        if self.nft_old is None:
+            return {}
+        return {f"nft_old.{n}": o for n, o in zip(self.nft_old.names, self.nft_old.old)}
+
+    @torch.no_grad()
+    def load_extra_state(self, state: dict) -> None:
+        for key, o in self.extra_state().items():
+            if state[key] is not o:
+                o.copy_(state[key])
+
     def export_lora(self, folder: str) -> str:
         """Write a diffusers LoRA folder loadable with `pipe.load_lora_weights(folder)`."""
         if self.cfg.lora.rank == 0:
@@ -223,7 +248,7 @@ class DiffusionPolicy(Policy):
         x = torch.cat([self.family.noise(1, torch.Generator(self.device).manual_seed(s)) for s in prompts.seeds])
         n, s = x.shape[0], len(self.eval_sched)
         ode = StepPlan(sde=torch.zeros(s, dtype=torch.bool), trained=torch.zeros(n, s, dtype=torch.bool))
-        with self._autocast():
+        with self._autocast(), self._gathered():
             traj = denoise(self._denoiser(self.model, self.eval_sched, self.cfg.eval_guidance_scale), x,
                            [conds[t] for t in texts], ode, 0.0, None)
         images = self._decode(traj.final)
@@ -266,7 +291,10 @@ def build(cfg: Config, ctx) -> DiffusionPolicy:
     if ctx.objective == "nft" and not policy.sched.flow:
         raise nft.ddim_error(f"model {cfg.model!r} (family {name!r})")
     policy.keep_means = ctx.ratio_norm
+    policy.rollout_mode = getattr(ctx, "rollout", "gathered")
     _setup_training(policy, cfg, name, ctx.kl_beta)
+    if policy.reference_model is not None and getattr(ctx, "shard", None) is not None:
+        ctx.shard(policy.reference_model)                 # distributed.strategy=fsdp: a sharded frozen copy
     if ctx.objective == "nft":
         policy.nft_old = nft.OldPolicy(policy.denoiser)    # a copy of the start: old == theta at step 0
     return policy

@@ -140,6 +140,7 @@ class HFBackend:
                  stop_ids: list[int], rows_per_call: int = 0):
         self.hf, self.tokenizer, self.pad_id, self.image_token_id = hf, tokenizer, pad_id, image_token_id
         self.blocked, self.stop_ids, self.rows_per_call = blocked, stop_ids, rows_per_call
+        self.synced = False      # FSDP with per-block gathers (distributed.rollout=sharded): ranks decode in lockstep
 
     def before_rollout(self, parts, step: int) -> None:
         """Nothing to synchronise: generation runs on the trained module itself."""
@@ -156,7 +157,7 @@ class HFBackend:
             processors.append(SeededSampler(generators))
         return dict(max_new_tokens=spec.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
                     repetition_penalty=1.0, logits_processor=LogitsProcessorList(processors), use_cache=True,
-                    do_sample=False, temperature=None, top_p=None, top_k=None)
+                    do_sample=False, temperature=None, top_p=None, top_k=None, synced_gpus=self.synced)
 
     def _generate(self, rows: list, spec: SamplingSpec, generators: list | None, device) -> list:
         batch = collate(rows, None, layout_for(rows, None), self.pad_id, self.image_token_id, device)

@@ -61,6 +61,20 @@ def token_scores(hidden: torch.Tensor, targets: torch.Tensor, lm_head, bias: tor
     return torch.cat(logps, 1), torch.cat(ents, 1)                     # [n, T], [n, T]
 
 
+def one_layout_if_sharded(scorer, layouts: list) -> list:
+    """Under FSDP (`mmrl.sharding`) every row of a call at one shared layout: each rank then runs exactly one
+    model forward per call, so the per-block collectives pair up across ranks whatever layouts each holds
+    (and a block is gathered once per microbatch, not once per layout). Log-probs then depend on the other
+    rows of the call within fp32 rounding; the on-policy ratio of a single pass stays exactly 1."""
+    from mmrl.sharding import is_sharded
+
+    if not is_sharded(scorer) or len(set(layouts)) <= 1:
+        return layouts
+    p = max(lo.prompt_width for lo in layouts)
+    shared = Layout(p, p + max(lo.width - lo.prompt_width for lo in layouts))
+    return [shared] * len(layouts)
+
+
 class TokenScorer(torch.nn.Module):
     """Wraps the Hugging Face model; `forward` is `predict` (the trainer prepares this module)."""
 
@@ -115,6 +129,7 @@ class TokenScorer(torch.nn.Module):
 
     def _forward_actions(self, prompts: list, layouts: list, out_len: int, actions: list):
         n, device = len(prompts), self.block_bias.device
+        layouts = one_layout_if_sharded(self, layouts)
         logp = torch.zeros(n, out_len, device=device)                                      # [n, T_out]
         ent = torch.zeros(n, out_len, device=device)
         for layout in sorted(set(layouts), key=lambda lo: (lo.prompt_width, lo.width)):
@@ -137,6 +152,7 @@ class TokenScorer(torch.nn.Module):
         """
         if actions is not None:
             return self._forward_actions(prompts, layouts, out_len, actions)
+        layouts = one_layout_if_sharded(self, layouts)
         n = len(prompts)
         device = self.block_bias.device
         logp = torch.zeros(n, out_len, device=device)                                # [n, T_out]

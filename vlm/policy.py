@@ -148,7 +148,23 @@ class VLMPolicy(Policy):
                               id=f"{tag} prompt {prompts.index[p]} sample {g}"))
         return out
 
+    def on_shard(self) -> None:
+        """After the trainer sharded `self.model` (distributed.strategy=fsdp): with distributed.rollout=sharded
+        HF generate keeps the ranks in lockstep (each block is gathered per forward)."""
+        if hasattr(self.p.backend, "synced"):
+            self.p.backend.synced = self.ctx.rollout == "sharded"
+
+    def _gathered(self):
+        """Sampling with sharded weights (`mmrl.sharding.gathered`); nothing when the model is not sharded."""
+        from mmrl.sharding import gathered
+
+        return gathered(self.scorer, mode=self.ctx.rollout)
+
     def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
+        with self._gathered():
+            return self._rollout(prompts, group_size)
+
+    def _rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
         if self.episodes is not None:
             return self._episode_rollout(prompts, group_size)
         items = self._prompts(prompts)
@@ -233,6 +249,8 @@ class VLMPolicy(Policy):
                 return Reference(log_probs=logp)
             if self._ref is None:
                 self._ref = self.p.reference.load()
+                if self.ctx.shard is not None:              # distributed.strategy=fsdp: a sharded frozen copy
+                    self.ctx.shard(self._ref)
             logp, _ = self._score_with(self._ref, rollout, index)
         return Reference(log_probs=logp)
 
@@ -259,6 +277,10 @@ class VLMPolicy(Policy):
     @torch.no_grad()
     def generate_eval(self, prompts: PromptBatch) -> list:
         """Greedy completions, one per prompt (validation); greedy episodes with an env section."""
+        with self._gathered():
+            return self._generate_eval(prompts)
+
+    def _generate_eval(self, prompts: PromptBatch) -> list:
         if self.episodes is not None:
             from vlm.episodes import samples_of
 
