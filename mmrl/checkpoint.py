@@ -7,6 +7,9 @@ Layout of `output_dir/checkpoints/`:
                                            what `policy.load` or diffusers' `load_lora_weights` take: the export
                    ema.safetensors         the fp32 average and its step count (what resume restores)
     latest         the name of the newest complete checkpoint (replaced atomically)
+A sharded run (`distributed.strategy: fsdp`) writes `sharded/` (every process its own shards, in
+`torch.distributed.checkpoint` form: weights, optimizer, EMA; `mmrl.dcp`) in place of
+policy.safetensors, optimizer.pt and the EMA files; it loads into any number of processes.
 A directory named `step_*` is complete by construction, so a kill at any moment leaves
 the previous `latest` usable. What a killed write leaves behind (`.tmp_step_*_<pid>`,
 `step_*.old_<pid>`, `<file>.tmp-<pid>`) is cleared by `clean_stale` when the next run starts.
@@ -30,6 +33,7 @@ from mmrl.config import ConfigError
 
 PREFIX = "step_"
 FILES = ("policy.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
+SHARDED_FILES = ("sharded", "scheduler.pt", "rng.pt", "state.json")
 EMA_FILES = ("policy_ema.safetensors", "ema.safetensors")
 
 
@@ -142,6 +146,53 @@ def _publish(tmp: str, final: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _write_trainer(tmp: str, step: int, scheduler, trainer_state: dict) -> None:
+    """The files of the main process beside the sharded state; then the whole folder is fsynced."""
+    _torch_save(scheduler.state_dict(), os.path.join(tmp, "scheduler.pt"))
+    _torch_save(rng_state(), os.path.join(tmp, "rng.pt"))
+    with open(os.path.join(tmp, "state.json"), "w") as f:
+        json.dump({"step": step, **trainer_state}, f, indent=1)
+    _fsync_tree(tmp)
+
+
+def _main_pid() -> int:
+    """The main process's pid on every process (it names the temporary folder they all write into)."""
+    import torch.distributed as dist
+
+    pid = [os.getpid()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(pid, src=0)
+    return pid[0]
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def save_sharded(root: str, step: int, policy, optimizer, scheduler, trainer_state: dict, keep_last: int = 2,
+                 ema=None, main: bool = True) -> str | None:
+    """`save` for a sharded run, called by every process: each writes its shards into one temporary
+    folder, the main process adds its files and publishes it (same atomic guarantees as `save`)."""
+    from mmrl import dcp
+
+    name = f"{PREFIX}{step:06d}"
+    final, tmp = os.path.join(root, name), os.path.join(root, f".tmp_{name}_{_main_pid()}")
+    if main:
+        os.makedirs(root, exist_ok=True)
+        _remove(tmp)
+        os.makedirs(tmp)
+    _barrier()
+    dcp.save(os.path.join(tmp, "sharded"), policy, optimizer, ema)   # collective
+    _barrier()
+    if not main:
+        return None
+    return _finish(root, name, tmp, final, keep_last,
+                   lambda: _write_trainer(tmp, step, scheduler, trainer_state))
+
+
 def save(root: str, step: int, policy, optimizer, scheduler, trainer_state: dict, keep_last: int = 2,
          ema=None) -> str:
     """Write checkpoint `step` under `root` atomically, with the averaged weights of `ema` (a
@@ -149,11 +200,20 @@ def save(root: str, step: int, policy, optimizer, scheduler, trainer_state: dict
     the partial write and raises `CheckpointError`; the previous checkpoint stays the `latest`."""
     name = f"{PREFIX}{step:06d}"
     final, tmp = os.path.join(root, name), os.path.join(root, f".tmp_{name}_{os.getpid()}")
-    published = False
-    try:
+
+    def write():
         os.makedirs(root, exist_ok=True)
         _remove(tmp)
         _write(tmp, step, policy, optimizer, scheduler, trainer_state, ema)
+
+    return _finish(root, name, tmp, final, keep_last, write)
+
+
+def _finish(root: str, name: str, tmp: str, final: str, keep_last: int, write) -> str:
+    """Run `write` (which fills `tmp`), publish `tmp` as `final`, point `latest` at it, prune."""
+    published = False
+    try:
+        write()
         _publish(tmp, final)
         published = True
         _fsync_dir(root)
@@ -251,7 +311,18 @@ def _policy_name(policy) -> str:
     return f"{name!r}" + (f" (model {model})" if model else "")
 
 
+def is_sharded(path: str) -> bool:
+    """Whether checkpoint `path` was written by a sharded run (`sharded/` in DCP form)."""
+    return os.path.isdir(os.path.join(path, "sharded"))
+
+
 def _check_files(path: str, ema) -> None:
+    if is_sharded(path):
+        missing = [n for n in SHARDED_FILES if not os.path.exists(os.path.join(path, n))]
+        if missing:
+            raise IncompatibleCheckpoint(f"config key 'resume': sharded checkpoint {path!r} is missing "
+                                         f"{', '.join(missing)}; it holds {', '.join(SHARDED_FILES)}")
+        return
     missing = [n for n in FILES if not os.path.isfile(os.path.join(path, n))]
     if not missing and ema is not None and not os.path.isfile(os.path.join(path, "ema.safetensors")):
         raise IncompatibleCheckpoint(f"config key 'train.ema_decay' is {ema.decay} but checkpoint {path!r} holds no "
@@ -271,12 +342,22 @@ def load(path: str, policy, optimizer, scheduler, ema=None) -> dict:
     `IncompatibleCheckpoint`."""
     from safetensors import SafetensorError
 
+    from mmrl import dcp, sharding
+
     _check_files(path, ema)
+    if sharding.is_sharded(policy.model) and not is_sharded(path):
+        raise IncompatibleCheckpoint(
+            f"config key 'resume': checkpoint {path!r} was written by an unsharded (ddp) run and this run is "
+            "sharded (distributed.strategy=fsdp); resume it with distributed.strategy=ddp, or start from its "
+            "exported weights (mmrl export)")
     try:
-        policy.load(os.path.join(path, "policy.safetensors"))
-        optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))
-        if ema is not None:
-            ema.load(os.path.join(path, "ema.safetensors"))
+        if is_sharded(path):
+            dcp.load(os.path.join(path, "sharded"), policy, optimizer, ema)
+        else:
+            policy.load(os.path.join(path, "policy.safetensors"))
+            optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))
+            if ema is not None:
+                ema.load(os.path.join(path, "ema.safetensors"))
     except (RuntimeError, ValueError, KeyError, SafetensorError) as e:
         detail = " ".join(str(e).split())
         raise IncompatibleCheckpoint(
