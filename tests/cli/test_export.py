@@ -158,6 +158,18 @@ def test_diffusion_full_finetune_exports_the_denoiser(sd3_full, tmp_path):
         assert torch.equal(got[k], v), k
 
 
+def test_diffusion_nft_exports_the_trained_weights_not_the_old_copy(tmp_path_factory, tmp_path):
+    from diffusers import SD3Transformer2DModel
+
+    run = _run(tmp_path_factory, "sd3_nft", SD3, *FAST_SD3, "policy.lora.rank=0", "algo.objective=nft",
+               "algo.nft_timesteps=2", "algo.nft_old_decay_rate=0.25")
+    assert _export(run, tmp_path / "export") == 0
+    got = SD3Transformer2DModel.from_pretrained(str(tmp_path / "export")).state_dict()
+    trained, old = _checkpoint(run), _checkpoint(run, "policy.nft_old.safetensors")
+    assert all(torch.equal(got[k], v) for k, v in trained.items())
+    assert any(not torch.equal(got[k], v) for k, v in old.items())
+
+
 def _user_error(capsys, code: int, *needles: str) -> None:
     err = capsys.readouterr().err
     assert code == 2, err
