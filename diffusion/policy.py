@@ -238,6 +238,15 @@ class DiffusionPolicy(Policy):
             raise ValueError("export_lora needs a LoRA policy (policy.lora.rank > 0); full fine-tuning saves weights")
         return export_lora(type(self.family.pipe), self.family.lora_prefix, self.denoiser, folder)
 
+    def export(self, folder: str) -> None:
+        """The trained weights in diffusers' own folders: LoRA a LoRA folder (`pipe.load_lora_weights(folder)`),
+        full fine-tuning the denoiser's `save_pretrained` folder (its class's `from_pretrained`). The
+        DiffusionNFT old (sampling) copy is not exported."""
+        if self.cfg.lora.rank > 0:
+            self.export_lora(folder)
+        else:
+            self.denoiser.save_pretrained(folder)
+
     # --- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
     def generate_eval(self, prompts: PromptBatch) -> list:

@@ -1,4 +1,5 @@
-"""`mmrl` command line: `mmrl train CONFIG [key=value ...]`, `mmrl rewards ...`.
+"""`mmrl` command line: `mmrl train CONFIG [key=value ...]`, `mmrl export SOURCE OUT_DIR [--ema]`,
+`mmrl rewards ...`.
 
 User errors (bad config, missing files, a broken reward) print one paragraph and exit
 with code 2 (configuration) or 1 (training stopped); never a traceback.
@@ -40,6 +41,20 @@ def _train(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from mmrl.config import ConfigError
+    from mmrl.export import export
+
+    try:
+        out = export(args.source, args.out_dir, ema=args.ema)
+    except ConfigError as e:
+        return _fail(f"export error: {e}", EXIT_CONFIG)
+    except OSError as e:                 # a full disk or a read-only folder: nothing is left at OUT_DIR
+        return _fail(f"export failed: {e}", EXIT_TRAINING)
+    print(f"mmrl: exported to {out}")
+    return 0
+
+
 def _fail(message: str, code: int) -> int:
     print(f"mmrl: {message}", file=sys.stderr)
     return code
@@ -60,6 +75,14 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("config", help="YAML file")
     t.add_argument("overrides", nargs="*", metavar="key=value")
     t.set_defaults(func=_train)
+    e = sub.add_parser("export", help="write a checkpoint's weights as a transformers / peft / diffusers folder",
+                       description="Export the newest checkpoint of run directory SOURCE (or the checkpoint folder "
+                                   "SOURCE = RUN/checkpoints/step_<n>) into the new folder OUT_DIR, loadable with "
+                                   "the model's own library (README: export the trained weights).")
+    e.add_argument("source", help="run directory or checkpoint directory")
+    e.add_argument("out_dir", help="new (or empty) output folder")
+    e.add_argument("--ema", action="store_true", help="export the EMA weights (policy_ema.safetensors)")
+    e.set_defaults(func=_export)
     from rewards.cli import add_commands
 
     add_commands(sub)

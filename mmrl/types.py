@@ -188,6 +188,12 @@ class Policy(Protocol):
 
     def load(self, path: str) -> None: ...
 
+    def export(self, folder: str) -> None:
+        """Write the current weights into the existing empty `folder` in the wrapped library's own format
+        (`mmrl export`, `mmrl.export`). Default: the policy has none (a configuration error)."""
+        raise ConfigError(f"policy {type(self).__name__} has no library export; `mmrl export` writes folders of "
+                          "the vlm and diffusion policies (its weights are the checkpoint's policy.safetensors)")
+
     def forward_process_loss(self, rollout: Rollout, index: torch.Tensor, r: torch.Tensor, spec) -> ForwardLoss:
         """DiffusionNFT's loss of samples `index` (class docstring). Default: not served (a config error)."""
         raise ConfigError(f"config key 'algo.objective': policy {type(self).__name__} has no forward-process "

@@ -17,6 +17,8 @@ no-grad scoring use the unwrapped module.
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -273,6 +275,20 @@ class VLMPolicy(Policy):
         with torch.no_grad():
             for n, p in params.items():
                 p.copy_(state[n].to(p.device, p.dtype))
+
+    def export(self, folder: str) -> None:
+        """The model in transformers' / peft's own folders, each with the processor: full fine-tuning a
+        `save_pretrained` model folder (`AutoModelForImageTextToText.from_pretrained`); LoRA the peft adapter
+        (`PeftModel.from_pretrained(base, folder)`) and `merged/`, a copy with the adapter merged into the base."""
+        m = self.p.model
+        if m.peft is None:
+            m.hf.save_pretrained(folder)
+        else:
+            m.peft.save_pretrained(folder)
+            merged = os.path.join(folder, "merged")
+            copy.deepcopy(m.peft).merge_and_unload().save_pretrained(merged)   # the live adapter stays unmerged
+            m.processor.save_pretrained(merged)
+        m.processor.save_pretrained(folder)
 
     @torch.no_grad()
     def generate_eval(self, prompts: PromptBatch) -> list:
