@@ -83,6 +83,13 @@ def load(folder: str, policy, optimizer=None, ema=None) -> None:
         policy.load_extra_state(template["policy"])
 
 
+def has_ema(folder: str) -> bool:
+    """Whether the sharded state in `folder` holds an EMA's average."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return any(k.startswith("ema.") for k in FileSystemReader(folder).read_metadata().state_dict_metadata)
+
+
 def load_weights(folder: str, policy, ema: bool = False) -> None:
     """Only the trained weights of `folder` into `policy` (one process, no optimizer): the EMA's average
     instead when `ema` (what `mmrl export --ema` writes)."""

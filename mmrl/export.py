@@ -39,7 +39,7 @@ def resolve_source(source: str) -> Source:
         raise ConfigError(f"export source {source!r} does not exist; pass a run directory (holding config.yaml "
                           "and checkpoints/) or a checkpoint directory run/checkpoints/step_<n>")
     source = os.path.abspath(source)
-    if os.path.isfile(os.path.join(source, checkpoint.FILES[0])):      # a checkpoint folder
+    if os.path.isfile(os.path.join(source, checkpoint.FILES[0])) or checkpoint.is_sharded(source):  # a checkpoint
         ckpt, run = source, os.path.dirname(os.path.dirname(source))
     else:                                                               # a run folder
         ckpt, run = checkpoint.latest(os.path.join(source, "checkpoints")), source
@@ -68,16 +68,34 @@ def weights_file(checkpoint_dir: str, ema: bool) -> str:
 def load_weights(checkpoint_dir: str, policy, ema: bool) -> None:
     """Load the trained (or, with `ema`, the averaged) weights of `checkpoint_dir` into `policy`.
 
-    The only place that knows checkpoint formats: today one `policy.save` file per checkpoint."""
+    The only place that knows checkpoint formats: one `policy.save` file per checkpoint, or the shards of a
+    sharded run (`sharded/`, written by any number of processes; `mmrl.dcp`)."""
     from safetensors import SafetensorError
 
-    path = weights_file(checkpoint_dir, ema)
+    from mmrl import dcp
+
+    check_weights(checkpoint_dir, ema)
+    folder = os.path.join(checkpoint_dir, "sharded")
     try:
-        policy.load(path)
+        if checkpoint.is_sharded(checkpoint_dir):
+            dcp.load_weights(folder, policy, ema)
+        else:
+            policy.load(weights_file(checkpoint_dir, ema))
     except (RuntimeError, ValueError, KeyError, SafetensorError) as e:
         detail = " ".join(str(e).split())[:400]
         raise ConfigError(f"checkpoint {checkpoint_dir!r} does not match the policy of its run's config.yaml: "
                           f"{detail}") from None
+
+
+def check_weights(checkpoint_dir: str, ema: bool) -> None:
+    """That `checkpoint_dir` holds the weights to export (the EMA's with `ema`), in either format."""
+    from mmrl import dcp
+
+    if not checkpoint.is_sharded(checkpoint_dir):
+        weights_file(checkpoint_dir, ema)
+    elif ema and not dcp.has_ema(os.path.join(checkpoint_dir, "sharded")):
+        raise ConfigError(f"checkpoint {checkpoint_dir!r} holds no EMA weights (its run kept no EMA: "
+                          "train.ema_decay was 0); export without --ema for the trained weights")
 
 
 def build_cpu_policy(cfg: Config):
@@ -118,7 +136,7 @@ def export(source: str, out_dir: str, *, ema: bool = False) -> str:
     out_dir = os.path.abspath(out_dir)
     _check_out_dir(out_dir)
     src = resolve_source(source)
-    weights_file(src.checkpoint_dir, ema)                               # fail before building the model
+    check_weights(src.checkpoint_dir, ema)                              # fail before building the model
     cfg = load_config(src.config_path, [])
     policy = build_cpu_policy(cfg)
     load_weights(src.checkpoint_dir, policy, ema)
