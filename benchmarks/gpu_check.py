@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +75,6 @@ class RunResult:
     wall_s: Optional[float]
     metrics: Optional[RunMetrics]
     stderr_tail: str = ""                        # only for a run that failed
-    extra: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- metrics.jsonl
