@@ -16,7 +16,18 @@ or a `ddp` run).
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import torch
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DCP warns when it runs without a process group (`mmrl export`, a 1-process run): that is intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _options(**kwargs):
@@ -60,7 +71,8 @@ def save(folder: str, policy, optimizer, ema=None) -> None:
     """Write this process's shards of the run's state into `folder` (every process calls it)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(state(policy, optimizer, ema), checkpoint_id=folder)
+    with _quiet():
+        dcp.save(state(policy, optimizer, ema), checkpoint_id=folder)
 
 
 def load(folder: str, policy, optimizer=None, ema=None) -> None:
@@ -70,7 +82,8 @@ def load(folder: str, policy, optimizer=None, ema=None) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     template = state(policy, optimizer, ema)
-    dcp.load(template, checkpoint_id=folder)
+    with _quiet():
+        dcp.load(template, checkpoint_id=folder)
     model = bare(policy.model)
     if optimizer is None:
         set_model_state_dict(model, template["model"], options=_options(strict=False))
@@ -100,7 +113,8 @@ def load_weights(folder: str, policy, ema: bool = False) -> None:
         return
     params = list(policy.trainable_parameters())
     average = {f"param_{i:05d}": p.detach().float().clone() for i, p in enumerate(params)}
-    dcp.load({"ema": average}, checkpoint_id=folder)
+    with _quiet():
+        dcp.load({"ema": average}, checkpoint_id=folder)
     with torch.no_grad():
         for i, p in enumerate(params):
             p.copy_(average[f"param_{i:05d}"])

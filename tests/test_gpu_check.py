@@ -87,8 +87,6 @@ def test_each_config_the_check_runs_exists_and_takes_its_overrides(gpu_check):
     from mmrl.config import load_config
 
     for spec in gpu_check.run_specs("/out", has_vllm=True):
-        if "distributed.strategy=fsdp" in spec.argv:
-            continue                                # the fsdp key lands with the FSDP2 work
         i = spec.argv.index("train")
         cfg = load_config(os.path.join(REPO, spec.argv[i + 1]), spec.argv[i + 2:])
         assert cfg.precision == "bf16" and cfg.cpu is False and cfg.eval.every == 0
