@@ -185,7 +185,17 @@ def save_sharded(root: str, step: int, policy, optimizer, scheduler, trainer_sta
         _remove(tmp)
         os.makedirs(tmp)
     _barrier()
-    dcp.save(os.path.join(tmp, "sharded"), policy, optimizer, ema)   # collective
+    try:
+        dcp.save(os.path.join(tmp, "sharded"), policy, optimizer, ema)   # collective
+    except Exception as e:  # noqa: BLE001  (DCP gathers every process's OSError into its CheckpointException)
+        if main:
+            _remove(tmp)
+        previous = latest(root)
+        kept = (f"the checkpoint {previous!r} is intact and resume=auto continues from it" if previous
+                else "no earlier checkpoint exists")
+        raise CheckpointError(f"cannot write checkpoint {name} in {root!r}: {' '.join(str(e).split())[:300]}. "
+                              f"The partial write was removed; {kept}. Free disk space or make the folder "
+                              "writable, then run again") from None
     _barrier()
     if not main:
         return None

@@ -172,6 +172,15 @@ class Policy(Protocol):
           being each sample's optimality probability.
       update_old(decay): old <- decay * old + (1 - decay) * theta, after each training step; the old
           weights belong to the policy's checkpoint (`save` / `load`), so a resumed run is bit-exact.
+
+    Sharding (distributed.strategy=fsdp, `mmrl.sharding`), optional members: the trainer shards `model` in
+    place after `build` (its parameters become DTensors) and then calls `on_shard()`, where a policy that
+    keeps references to parameters takes the new ones. Code that reads weights outside `model`'s forward
+    (generation, image encoding) runs inside `mmrl.sharding.gathered(model, mode=BuildContext.rollout)`;
+    every process must call each block the same number of times. Models the policy builds besides `model`
+    (a frozen reference) go through `BuildContext.shard`. A sharded checkpoint holds the trainable
+    parameters by name (`mmrl.dcp`) instead of `save`'s file, plus `extra_state()` -> dict of tensors, loaded
+    back with `load_extra_state(state)` (DiffusionNFT's old weights).
     """
 
     model: torch.nn.Module

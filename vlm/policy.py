@@ -162,7 +162,18 @@ class VLMPolicy(Policy):
 
         return gathered(self.scorer, mode=self.ctx.rollout)
 
+    def _before_sampling(self, step: int) -> None:
+        """The backend's turn before a rollout or evaluation (vLLM: push the weights trained since the last);
+        with sharded weights only the root's own are gathered, the blocks one at a time by the push."""
+        from mmrl.sharding import gathered
+
+        if self.cfg.backend == "hf":                      # generation runs on the trained module itself
+            return
+        with gathered(self.scorer, mode="sharded"):
+            self.p.backend.before_rollout(self.p.model, step)
+
     def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
+        self._before_sampling(prompts.step)
         with self._gathered():
             return self._rollout(prompts, group_size)
 
@@ -171,7 +182,6 @@ class VLMPolicy(Policy):
             return self._episode_rollout(prompts, group_size)
         items = self._prompts(prompts)
         rows = [x for x in items for _ in range(group_size)]                                 # N
-        self.p.backend.before_rollout(self.p.model, prompts.step)
         spec = SamplingSpec(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, self.cfg.top_k)
         completions, ended = self.p.backend.sample(items, group_size, spec, prompts.seeds, self.device)
         layout = layout_for(rows, completions)
@@ -188,7 +198,6 @@ class VLMPolicy(Policy):
                    "width": torch.full((n,), layout.width, dtype=torch.long)})
 
     def _episodes(self, prompts: PromptBatch, group_size: int, spec: SamplingSpec) -> list:
-        self.p.backend.before_rollout(self.p.model, prompts.step)
         with torch.no_grad(), self._autocast():
             return self.episodes.run(prompts.rows, prompts.seeds, group_size, spec)
 
@@ -293,6 +302,7 @@ class VLMPolicy(Policy):
     @torch.no_grad()
     def generate_eval(self, prompts: PromptBatch) -> list:
         """Greedy completions, one per prompt (validation); greedy episodes with an env section."""
+        self._before_sampling(prompts.step)
         with self._gathered():
             return self._generate_eval(prompts)
 
@@ -303,7 +313,6 @@ class VLMPolicy(Policy):
             spec = SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
             return samples_of(self._episodes(prompts, 1, spec), prompts, 1, "eval")
         items = self._prompts(prompts)
-        self.p.backend.before_rollout(self.p.model, prompts.step)
         spec = SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
         completions, ended = self.p.backend.sample(items, 1, spec, prompts.seeds, self.device)
         return self._samples(items, completions, ended, prompts, 1, "eval")

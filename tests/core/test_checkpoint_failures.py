@@ -263,7 +263,7 @@ def _globally_seeded(draws: list):
 
 
 def _without_time(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/peak_"))} for r in rows]
 
 
 def test_resume_restores_the_global_rng_draws(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ COMMON = [BANDIT, "max_steps=24", "checkpoint.every=4", "eval.every=6", "policy.
 
 
 def _without_time(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/peak_"))} for r in rows]
 
 
 def _latest_step(run_dir) -> int:

@@ -125,3 +125,15 @@ def test_sharded_state_round_trips_in_one_process(tmp_path):
     dcp.load_weights(str(tmp_path / "state"), c.policy, ema=True)        # `mmrl export --ema`
     assert torch.equal(c.policy.net.theta, a.ema.shadow[0])
     assert dcp.has_ema(str(tmp_path / "state"))
+
+
+def test_a_failed_sharded_write_is_a_checkpoint_error_and_leaves_nothing(tmp_path, monkeypatch):
+    from mmrl import checkpoint
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dcp, "save", full_disk)
+    with pytest.raises(checkpoint.CheckpointError, match=r"step_000003.*No space left.*no earlier checkpoint"):
+        checkpoint.save_sharded(str(tmp_path), 3, None, None, None, {}, 2)
+    assert list(tmp_path.iterdir()) == []

@@ -36,7 +36,7 @@ def metrics(run: str) -> list[dict]:
 
 
 def without_time(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/peak_"))} for r in rows]
 
 
 def latest(run: str) -> int:
