@@ -121,6 +121,10 @@ def setup(cfg: Config) -> Run:
     acc = Accelerator(cpu=cfg.cpu or not torch.cuda.is_available(),
                       mixed_precision={"fp32": "no"}.get(cfg.precision, cfg.precision))
     set_seed(cfg.seed)
+    if acc.distributed_type.name in ("FSDP", "DEEPSPEED"):
+        raise ConfigError(f"launched with accelerate's {acc.distributed_type.name} plugin; mmrl shards the model "
+                          "itself: launch without --use_fsdp / --use_deepspeed (accelerate launch --multi_gpu, or "
+                          "torchrun) and set distributed.strategy=fsdp")
     p, world = cfg.train.prompts_per_step, acc.num_processes
     if p % world:
         raise ConfigError(f"train.prompts_per_step={p} must be divisible by the {world} processes")

@@ -43,13 +43,12 @@ def _normalizer(run, mask: torch.Tensor) -> Normalizer:
     return Normalizer(seqs, tokens, float(max_len), run.accelerator.num_processes)
 
 
-def _optimizer_step(run, params, loss_total: float, counters: dict) -> tuple[float, int]:
+def _optimizer_step(run, params, loss_total: float, counters: dict) -> float:
     """Clip, step (or skip a non-finite step), zero the gradients; returns the global gradient norm
-    (over all shards under FSDP) and this process's gradient bytes."""
+    (over all shards under FSDP)."""
     opt = run.cfg.optim
     limit = opt.max_grad_norm if opt.max_grad_norm > 0 else math.inf
     grad_norm = float(sharding.full(torch.nn.utils.clip_grad_norm_(params, limit)))
-    grad_bytes = memory.grads_bytes(params)
     if math.isfinite(grad_norm) and math.isfinite(loss_total):
         run.optimizer.step()
         run.scheduler.step()
@@ -65,7 +64,7 @@ def _optimizer_step(run, params, loss_total: float, counters: dict) -> tuple[flo
                 f"(optim.max_nonfinite_in_a_row={opt.max_nonfinite_in_a_row}); stopping. The last "
                 "checkpoint is intact; try a lower optim.lr or optim.max_grad_norm.")
     run.optimizer.zero_grad(set_to_none=True)
-    return grad_norm, grad_bytes
+    return grad_norm
 
 
 def _old_log_probs(run, ro, single_pass: bool) -> torch.Tensor | None:
@@ -136,7 +135,8 @@ def update(run, batch, step: int) -> dict[str, Metric]:
                 if first_dev is None and "ratio/max_abs_dev" in m:
                     first_dev = float(m["ratio/max_abs_dev"].value)
                 metrics.add(m)
-            grad_norm, grad_bytes = _optimizer_step(run, run.params, loss_total, counters)
+            grad_bytes = memory.grads_bytes(run.params)                           # this process's, before the step
+            grad_norm = _optimizer_step(run, run.params, loss_total, counters)
             metrics.add({"loss": mean(loss_total), "grad_norm": mean(grad_norm), "mem/grads_bytes": maximum(grad_bytes)})
     if first_dev is not None:
         metrics.add({"ratio/first_max_abs_dev": maximum(first_dev)})

@@ -137,3 +137,19 @@ def test_a_failed_sharded_write_is_a_checkpoint_error_and_leaves_nothing(tmp_pat
     with pytest.raises(checkpoint.CheckpointError, match=r"step_000003.*No space left.*no earlier checkpoint"):
         checkpoint.save_sharded(str(tmp_path), 3, None, None, None, {}, 2)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_accelerates_own_fsdp_launch_is_refused_with_the_way_to_launch(tmp_path, monkeypatch):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    import mmrl.trainer as trainer
+
+    class FSDPLaunched(Accelerator):
+        @property
+        def distributed_type(self):
+            return DistributedType.FSDP
+
+    monkeypatch.setattr(trainer, "Accelerator", FSDPLaunched)
+    with pytest.raises(ConfigError, match="without --use_fsdp.*distributed.strategy=fsdp"):
+        trainer.setup(bandit_cfg(tmp_path))
