@@ -163,6 +163,31 @@ def check_policy(cfg: Config) -> None:
         raise ConfigError(str(e)) from None
 
 
+def check_rollout_correction(cfg: Config) -> None:
+    from mmrl.policies import validate_rollout_correction
+    from mmrl.rollout_correction import MODES
+
+    a = cfg.algo
+    one_of("algo.rollout_correction", a.rollout_correction, MODES)
+    if a.rollout_correction == "none":
+        return
+    for key in ("rollout_correction_max", "rollout_correction_min"):
+        value = getattr(a, key)
+        if value is not None and not value > 0:
+            raise ConfigError(f"config key 'algo.{key}' must be > 0 or null, got {value}")
+    if a.rollout_correction_max is not None and a.rollout_correction_min is not None \
+            and a.rollout_correction_min >= a.rollout_correction_max:
+        raise ConfigError(f"config key 'algo.rollout_correction_min' ({a.rollout_correction_min}) must be below "
+                          f"algo.rollout_correction_max ({a.rollout_correction_max})")
+    if a.rollout_correction_max is None and a.rollout_correction_min is None and a.rollout_correction.endswith("mask"):
+        raise ConfigError(f"config key 'algo.rollout_correction' is {a.rollout_correction} with neither "
+                          "algo.rollout_correction_max nor _min set: the mask would drop nothing")
+    try:
+        validate_rollout_correction(cfg.policy, a)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def check_distributed(cfg: Config) -> None:
     d = cfg.distributed
     one_of("distributed.strategy", d.strategy, ("ddp", "fsdp"))
@@ -243,6 +268,7 @@ def check_all(cfg: Config) -> None:
     check_algo(cfg)
     check_objective(cfg)
     check_policy(cfg)
+    check_rollout_correction(cfg)
     check_distributed(cfg)
     check_env(cfg)
     check_data(cfg)

@@ -85,6 +85,9 @@ class AlgoConfig:
     nft_old_decay_rate: float = 0.001     # nft: sampling policy old <- eta old + (1 - eta) theta after training step k,
     nft_old_decay_max: float = 0.5        #      eta = min(rate (k - delay), max), 0 before `delay` steps
     nft_old_decay_delay: int = 0
+    rollout_correction: str = "none"      # none | token_truncate | token_mask | sequence_truncate | sequence_mask: importance weights pi_old / pi_engine when another engine (vLLM) sampled (mmrl/rollout_correction.py)
+    rollout_correction_max: Optional[float] = 2.0   # C_max of the weights' band (truncate: clip; mask: drop above); null = no upper bound
+    rollout_correction_min: Optional[float] = None  # C_min (truncate: clip; mask: drop below); null = no lower bound
 
 
 @dataclass(frozen=True)

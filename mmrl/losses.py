@@ -172,12 +172,14 @@ class LossSpec:
     step_reweight: bool = False     # GRPO-Guard gradient reweighting (needs Scores.step_weight)
 
 
-def policy_loss(scores: Scores, old, adv, mask, ref, spec: LossSpec, norm: Normalizer | None = None):
+def policy_loss(scores: Scores, old, adv, mask, ref, spec: LossSpec, norm: Normalizer | None = None,
+                is_weight: torch.Tensor | None = None):
     """Total loss of a microbatch: surrogate + beta * KL - entropy_coef * entropy,
     aggregated with `spec.aggregation`. `ref` [n, T] may be None when beta == 0 or the
     adapter supplies `scores.kl`. With spec.ratio_norm / spec.step_reweight (GRPO-Guard,
     `mmrl.guard`) the ratio is RatioNorm's and each action's surrogate is multiplied by
-    `scores.step_weight` (the KL and entropy terms are not). Returns (loss, metrics)."""
+    `scores.step_weight` (the KL and entropy terms are not); likewise by `is_weight` [n, T], the
+    rollout correction's importance weights (`mmrl.rollout_correction`). Returns (loss, metrics)."""
     check_terms(scores, spec.ratio_norm, spec.step_reweight)
     terms = (scores.step_std, scores.mean_drift) if spec.ratio_norm else None
     l, metrics = clipped_surrogate(scores.log_probs, old, adv, mask, clip_low=spec.clip_low,
@@ -185,6 +187,8 @@ def policy_loss(scores: Scores, old, adv, mask, ref, spec: LossSpec, norm: Norma
                                    level=spec.ratio_level, norm=terms)
     if spec.step_reweight:
         l = l * scores.step_weight.detach().float()                # [n, T] delta_t = 1 / dt
+    if is_weight is not None:
+        l = l * is_weight.detach().float()                          # [n, T] pi_old / pi_engine, banded
     maskf = mask.float()
     n_tok = maskf.sum()
     count = n_tok.clamp(min=1)

@@ -13,6 +13,10 @@ An adapter is a module (or any object) with
     validate_nft(cfg, algo)     present when the policy implements the forward-process loss of
                                 algo.objective=nft (DiffusionNFT, `mmrl.nft`): checks that this policy
                                 section can serve it, raising ValueError
+    validate_rollout_correction(cfg, algo)  present when the policy can sample with an engine other than
+                                its trained forward and record that engine's log-probs
+                                (`Rollout.engine_log_probs`, algo.rollout_correction): checks that this
+                                section does, raising ValueError
 `policy.name` is a registered name (below; imported only when a config asks for it, so the core
 never imports an adapter at module level) or a reference 'package.module:attr' /
 'path/to/file.py:attr' to a third-party adapter, which needs no edit of mmrl.
@@ -104,6 +108,16 @@ def validate_nft(cfg, algo) -> None:
         raise ValueError(f"config key 'algo.objective': nft (DiffusionNFT) trains a flow-matching model on its clean "
                          f"samples (policy.name=diffusion); policy {cfg.name!r} has no forward-process loss; set "
                          "algo.objective=pg")
+    check(cfg, algo)
+
+
+def validate_rollout_correction(cfg, algo) -> None:
+    """Whether the policy of `cfg` samples with an engine that reports its own log-probs (ValueError if not),
+    which algo.rollout_correction needs (`Rollout.engine_log_probs`)."""
+    check = getattr(adapter(cfg.name), "validate_rollout_correction", None)
+    if check is None:
+        raise ValueError(f"config key 'algo.rollout_correction': policy {cfg.name!r} samples with the forward it "
+                         "trains, so there is no engine mismatch to correct; set algo.rollout_correction=none")
     check(cfg, algo)
 
 

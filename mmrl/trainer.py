@@ -115,6 +115,29 @@ def _records(cfg: Config) -> tuple[list, list | None]:
     return records, eval_records
 
 
+def _build_policy(cfg: Config, acc: Accelerator):
+    """The adapter's policy; with distributed.strategy=fsdp its model sharded in place (its parameters become
+    DTensors, `mmrl.sharding`), after which `policy.on_shard()` takes the new parameters where it holds any."""
+    dist_cfg = cfg.distributed
+    shard = (functools.partial(sharding.shard, device=acc.device, precision=cfg.precision,
+                               reshard_after_forward=dist_cfg.reshard_after_forward)
+             if dist_cfg.strategy == "fsdp" else None)
+    ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc, cfg.algo.kl_beta, cfg.env,
+                       cfg.algo.ratio_norm, cfg.algo.step_reweight, cfg.algo.objective, shard, dist_cfg.rollout)
+    try:
+        policy = build_policy(cfg.policy, ctx)
+    except ConfigError:
+        raise
+    except (ValueError, OSError) as e:  # a model that cannot be found or does not fit the section
+        raise ConfigError(f"building policy {cfg.policy.name!r}: {e}") from None
+    if shard is not None:
+        shard(policy.model)
+        on_shard = getattr(policy, "on_shard", None)
+        if on_shard is not None:
+            on_shard()
+    return policy
+
+
 def setup(cfg: Config) -> Run:
     from rewards.scorer import RewardSet, parse_specs
 
@@ -136,23 +159,8 @@ def setup(cfg: Config) -> Run:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     records, eval_records = _records(cfg)
-    dist_cfg = cfg.distributed
-    fsdp = dist_cfg.strategy == "fsdp"
-    shard = (functools.partial(sharding.shard, device=acc.device, precision=cfg.precision,
-                               reshard_after_forward=dist_cfg.reshard_after_forward) if fsdp else None)
-    ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc, cfg.algo.kl_beta, cfg.env,
-                       cfg.algo.ratio_norm, cfg.algo.step_reweight, cfg.algo.objective, shard, dist_cfg.rollout)
-    try:
-        policy = build_policy(cfg.policy, ctx)
-    except ConfigError:
-        raise
-    except (ValueError, OSError) as e:  # a model that cannot be found or does not fit the section
-        raise ConfigError(f"building policy {cfg.policy.name!r}: {e}") from None
-    if fsdp:
-        shard(policy.model)                   # in place: its parameters become DTensors (mmrl.sharding)
-        on_shard = getattr(policy, "on_shard", None)
-        if on_shard is not None:              # a policy that holds parameter references takes the new ones
-            on_shard()
+    policy = _build_policy(cfg, acc)
+    fsdp = sharding.is_sharded(policy.model)
     params = list(policy.trainable_parameters())
     if not params:
         raise ConfigError("the policy has no trainable parameters (check its LoRA / freezing options)")

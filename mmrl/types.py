@@ -50,6 +50,9 @@ class Rollout:
     mask:       [N, T] 1 for real actions, 0 for padding.
     group:      [N] prompt position of each sample in this rollout.
     state:      adapter replay state: name -> tensor or list, each with leading dim N.
+    engine_log_probs: [N, T] the sampled actions' log-probs as the engine that sampled them reported them,
+                when that engine is not the trained forward (vLLM); None otherwise. The core compares
+                them with the trainer's and weights the update by their ratio (`algo.rollout_correction`).
     """
 
     samples: list
@@ -57,6 +60,7 @@ class Rollout:
     mask: torch.Tensor
     group: torch.Tensor
     state: dict = field(default_factory=dict)
+    engine_log_probs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.mask.shape[0]
@@ -250,6 +254,7 @@ def select(rollout: Rollout, idx: torch.Tensor) -> Rollout:
         mask=rollout.mask[idx],
         group=rollout.group[idx],
         state={k: _take(v, idx) for k, v in rollout.state.items()},
+        engine_log_probs=None if rollout.engine_log_probs is None else rollout.engine_log_probs[idx],
     )
 
 
@@ -282,4 +287,6 @@ def concat(rollouts: list[Rollout]) -> Rollout:
         mask=_pad_cat([r.mask for r in rollouts]),
         group=torch.cat(groups),
         state=state,
+        engine_log_probs=(None if any(r.engine_log_probs is None for r in rollouts)
+                          else _pad_cat([r.engine_log_probs for r in rollouts])),
     )

@@ -14,7 +14,8 @@ from mmrl import memory, sharding
 from mmrl.dist import all_reduce
 from mmrl.losses import LossSpec, Normalizer, policy_loss
 from mmrl.nft import forward_process_objective, update_old_policy
-from mmrl.reduce import Accumulator, Metric, maximum, mean
+from mmrl.reduce import Accumulator, Metric, maximum, mean, weighted_mean
+from mmrl.rollout_correction import weights as correction_weights
 
 
 class NonFiniteError(RuntimeError):
@@ -89,14 +90,41 @@ def _pg_objective(run, ro, adv, single_pass: bool):
     ref = policy.reference_log_probs(ro, torch.arange(len(ro))) if spec.kl_beta != 0 else None  # Reference, once
     old_all = _old_log_probs(run, ro, single_pass)                             # [N, T] or None
 
+    algo = run.cfg.algo
+    if algo.rollout_correction != "none" and ro.engine_log_probs is None:
+        raise ValueError(f"algo.rollout_correction={algo.rollout_correction} needs the sampling engine's log-probs, "
+                         "but this rollout has none (policy.backend=vllm records them)")
+
     def loss_of(idx: torch.Tensor, epoch: int, norm: Normalizer):
         ref_mb = None if ref is None else ref.select(idx)                     # the KL input, explicit
         scores = policy.log_probs(ro, idx, ref_mb)                            # [n, T]
         old = scores.log_probs.detach() if old_all is None else old_all[idx]
         ref_lp = None if ref_mb is None else ref_mb.log_probs                 # [n, T] or None
-        return policy_loss(scores, old, adv[idx], ro.mask[idx], ref_lp, spec, norm)
+        weight, extra = _engine_correction(ro, idx, old, algo)
+        loss, metrics = policy_loss(scores, old, adv[idx], ro.mask[idx], ref_lp, spec, norm, weight)
+        return loss, {**metrics, **extra}
 
     return loss_of
+
+
+def _engine_correction(ro, idx: torch.Tensor, old: torch.Tensor, algo) -> tuple[torch.Tensor | None, dict]:
+    """The rollout correction's weights [n, T] of microbatch `idx` (None when off) and the mismatch
+    metrics, whenever the rollout carries the sampling engine's log-probs (`mmrl.rollout_correction`)."""
+    if ro.engine_log_probs is None:
+        return None, {}
+    mask = ro.mask[idx].to(old.device)
+    engine = ro.engine_log_probs[idx].to(old.device)                          # [n, T]
+    maskf = mask.float()
+    n_tok = maskf.sum()
+    diff = torch.nan_to_num((old.float() - engine.float()).abs() * maskf, nan=0.0)
+    metrics = {"rollout/logprob_abs_diff": weighted_mean(diff.sum() / n_tok.clamp(min=1), n_tok)}
+    if algo.rollout_correction == "none":
+        return None, metrics
+    c = correction_weights(old, engine, mask, algo.rollout_correction, algo.rollout_correction_max,
+                           algo.rollout_correction_min)
+    metrics["rollout/is_weight_mean"] = weighted_mean(c.weight.sum() / n_tok.clamp(min=1), n_tok)
+    metrics["rollout/is_outside_frac"] = weighted_mean(c.outside.float().sum() / n_tok.clamp(min=1), n_tok)
+    return c.weight, metrics
 
 
 def update(run, batch, step: int) -> dict[str, Metric]:

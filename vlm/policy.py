@@ -195,7 +195,18 @@ class VLMPolicy(Policy):
             log_probs=logp, mask=mask, group=torch.arange(len(items)).repeat_interleave(group_size),
             state={"prompt": rows, "completion": completions,
                    "prompt_width": torch.full((n,), layout.prompt_width, dtype=torch.long),
-                   "width": torch.full((n,), layout.width, dtype=torch.long)})
+                   "width": torch.full((n,), layout.width, dtype=torch.long)},
+            engine_log_probs=self._engine_log_probs(n, t))
+
+    def _engine_log_probs(self, n: int, t: int) -> torch.Tensor | None:
+        """[N, T] vLLM's own log-probs of the sampled tokens (NaN where it reported none: a stop token it left
+        out), for the rollout correction (`mmrl.rollout_correction`); None on the HF backend."""
+        if self.cfg.backend != "vllm":
+            return None
+        out = torch.full((n, t), float("nan"), device=self.device)
+        for i, lp in enumerate(self.p.backend.last_logprobs):
+            out[i, :min(lp.numel(), t)] = lp[:t].to(out)
+        return out
 
     def _episodes(self, prompts: PromptBatch, group_size: int, spec: SamplingSpec) -> list:
         with torch.no_grad(), self._autocast():
@@ -323,6 +334,14 @@ def validate(cfg: Config) -> None:
     validate_section(cfg)
     if cfg.cpu_threads < 0:
         raise ValueError(f"config key 'policy.cpu_threads' must be >= 0 (0 = torch's default), got {cfg.cpu_threads}")
+
+
+def validate_rollout_correction(cfg: Config, algo) -> None:
+    """algo.rollout_correction weighs vLLM's samples by pi_trainer / pi_vllm: it needs backend vllm."""
+    if cfg.backend != "vllm":
+        raise ValueError(f"config key 'algo.rollout_correction' is {algo.rollout_correction}, but policy.backend is "
+                         f"{cfg.backend!r}: HF generate samples with the trained forward itself (no mismatch); use "
+                         "policy.backend=vllm, or algo.rollout_correction=none")
 
 
 def validate_episodes(cfg: Config, env) -> None:

@@ -83,9 +83,17 @@ def test_vllm_logprobs_match_the_hf_recompute_before_and_after_a_push(make_polic
         assert len(vllm_lp) == 8
         for i, lp in enumerate(vllm_lp):
             torch.testing.assert_close(ro.log_probs[i, :lp.numel()].float(), lp.float(), atol=1e-5, rtol=0)
+            assert torch.equal(ro.engine_log_probs[i, :lp.numel()], lp.float())   # what the correction reads
         if step == 0:
             before = ro.log_probs.clone()
     assert not torch.equal(before, ro.log_probs)
+    from types import SimpleNamespace
+
+    from mmrl.update import _engine_correction
+
+    algo = SimpleNamespace(rollout_correction="token_truncate", rollout_correction_max=2.0, rollout_correction_min=None)
+    w, metrics = _engine_correction(ro, torch.arange(8), ro.log_probs, algo)
+    assert metrics["rollout/logprob_abs_diff"].value < 1e-5 and torch.allclose(w, ro.mask, atol=1e-4)
 
 
 def test_placeholder_runs_are_sent_collapsed_and_the_expansion_is_checked():
