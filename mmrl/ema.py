@@ -29,6 +29,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from mmrl.sharding import local
+
 
 class EMA:
     """fp32 shadow copies of `params`; `update` after each applied optimizer step, `swapped_in`
@@ -59,7 +61,7 @@ class EMA:
     def swapped_in(self) -> Iterator[None]:
         """The averaged weights in the parameters for the block (cast to their dtype); the trained
         weights, kept on the CPU meanwhile, are put back bit for bit afterwards, also on an error."""
-        kept = [p.detach().to("cpu", copy=True) for p in self.params]
+        kept = [local(p).detach().to("cpu", copy=True) for p in self.params]   # this process's shard under FSDP
         try:
             with torch.no_grad():
                 for p, bar in zip(self.params, self.shadow):
@@ -68,7 +70,7 @@ class EMA:
         finally:
             with torch.no_grad():
                 for p, theta in zip(self.params, kept):
-                    p.copy_(theta)
+                    local(p).copy_(theta)
 
     def save(self, path: str) -> None:
         tensors = {_key(i): bar.detach().cpu().contiguous() for i, bar in enumerate(self.shadow)}
