@@ -38,7 +38,7 @@ def layout_for(prompts: list[PromptInputs], completions: list[torch.Tensor] | No
     return Layout(p, p + t)
 
 
-def _check_image_tokens(ids: torch.Tensor, prompts: list[PromptInputs], image_token_id: int | None) -> None:
+def check_image_tokens(ids: torch.Tensor, prompts: list[PromptInputs], image_token_id: int | None) -> None:
     if image_token_id is None:
         return
     per_row = (ids == image_token_id).sum(1).tolist()                       # [B]
@@ -76,7 +76,7 @@ def collate(prompts: list[PromptInputs], completions: list[torch.Tensor] | None,
         mask[r, p - lp:p + comp.numel()] = 1
         for k in x.token_inputs:
             token[k][r, p - lp:p] = x.token_inputs[k]                       # completions are text (type 0)
-    _check_image_tokens(ids, prompts, image_token_id)
+    check_image_tokens(ids, prompts, image_token_id)
     out = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
     out.update({k: v.to(device) for k, v in token.items()})
     for key in sorted({k for x in prompts for k in x.image_inputs}):

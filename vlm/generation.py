@@ -29,6 +29,7 @@ from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogit
                           TopPLogitsWarper)
 
 from vlm.batch import collate, layout_for
+from vlm.prefix import decode, prefix_batch, reason_unshared
 
 VISION_TOKEN_KEYS = ("image_token_id", "image_token_index", "video_token_id", "vision_start_token_id",
                      "vision_end_token_id", "boi_token_id", "eoi_token_id", "boi_token_index", "eoi_token_index",
@@ -137,9 +138,10 @@ class HFBackend:
     """Generation with the (unwrapped) Hugging Face model itself."""
 
     def __init__(self, hf, tokenizer, pad_id: int, image_token_id: int | None, blocked: list[int],
-                 stop_ids: list[int], rows_per_call: int = 0):
+                 stop_ids: list[int], rows_per_call: int = 0, share_prefix: bool = False):
         self.hf, self.tokenizer, self.pad_id, self.image_token_id = hf, tokenizer, pad_id, image_token_id
         self.blocked, self.stop_ids, self.rows_per_call = blocked, stop_ids, rows_per_call
+        self.share_prefix = share_prefix   # policy.share_prefix_generation: prefill once per prompt (vlm.prefix)
         self.synced = False      # FSDP with per-block gathers (distributed.rollout=sharded): ranks decode in lockstep
 
     def before_rollout(self, parts, step: int) -> None:
@@ -159,7 +161,18 @@ class HFBackend:
                     repetition_penalty=1.0, logits_processor=LogitsProcessorList(processors), use_cache=True,
                     do_sample=False, temperature=None, top_p=None, top_k=None, synced_gpus=self.synced)
 
+    def _shares(self, rows: list) -> bool:
+        """One prompt's rows, a verified model, and no lockstep decoding across ranks."""
+        return (self.share_prefix and all(r is rows[0] for r in rows) and not self.synced
+                and reason_unshared(self.hf) is None)
+
     def _generate(self, rows: list, spec: SamplingSpec, generators: list | None, device) -> list:
+        if self._shares(rows):
+            batch = prefix_batch(rows[0], self.pad_id, self.image_token_id, device)
+            kw = self._kwargs(spec, generators)
+            out = decode(self.hf, batch, len(rows), kw["logits_processor"], spec.max_new_tokens, self.stop_ids,
+                         self.pad_id)                                                   # [B, new]
+            return [_trim(row, self.stop_ids) for row in out]
         batch = collate(rows, None, layout_for(rows, None), self.pad_id, self.image_token_id, device)
         out = self.hf.generate(**batch, **self._kwargs(spec, generators))              # [B, P + new]
         return [_trim(row, self.stop_ids) for row in out[:, batch["input_ids"].shape[1]:]]

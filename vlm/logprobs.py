@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from vlm.batch import Layout, collate
+from vlm.batch import Layout, check_image_tokens, collate
 from vlm.features import base_model, encode
+from vlm.prefix import prefix_batch, reason_unshared, score_hidden
 
 BLOCK_BIAS = -1e9   # finite, so p * log p stays 0 (not NaN) for blocked tokens
 
@@ -79,7 +80,7 @@ class TokenScorer(torch.nn.Module):
     """Wraps the Hugging Face model; `forward` is `predict` (the trainer prepares this module)."""
 
     def __init__(self, hf, blocked: list[int], temperature: float, chunk: int, pad_id: int,
-                 image_token_id: int | None, encode_with_grad: bool):
+                 image_token_id: int | None, encode_with_grad: bool, share_prefix: bool = False):
         super().__init__()
         self.hf = hf
         vocab = hf.get_output_embeddings().weight.shape[0]
@@ -89,6 +90,14 @@ class TokenScorer(torch.nn.Module):
         self.temperature, self.chunk, self.pad_id = temperature, chunk, pad_id
         self.image_token_id, self.encode_with_grad = image_token_id, encode_with_grad
         self.softcap = getattr(hf.config.get_text_config(), "final_logit_softcapping", None)
+        self.share_prefix = share_prefix          # policy.share_prefix_scoring (vlm.prefix)
+
+    def shares_prefix(self) -> bool:
+        """Each prompt's prefix runs once for all its rows (`vlm.prefix`): asked for, verified for this model,
+        and not sharded (under FSDP every rank must run the same number of forwards per call)."""
+        from mmrl.sharding import is_sharded
+
+        return self.share_prefix and reason_unshared(self.hf, training=True) is None and not is_sharded(self)
 
     def _features(self, prompts: list) -> list | None:
         """Fresh (with grad) encoder outputs per row when the vision side trains; else the cached ones."""
@@ -109,6 +118,26 @@ class TokenScorer(torch.nn.Module):
         targets = batch["input_ids"][:, p:p + t]                                     # [n, T]
         return token_scores(hidden, targets, self.hf.get_output_embeddings(), self.block_bias,
                             self.temperature, self.softcap, self.chunk)
+
+    def _score_shared(self, prompts: list, completions: list, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of one prompt: its prefix once (batch 1), the completions against its copied KV cache,
+        right-padded to the layout's completion width."""
+        batch = prefix_batch(prompts[0], self.pad_id, self.image_token_id, self.block_bias.device,
+                             features=self._features(prompts[:1]))
+        hidden, targets = score_hidden(self.hf, batch, completions, layout.width - layout.prompt_width, self.pad_id)
+        rows = torch.cat([batch["input_ids"].expand(len(prompts), -1), targets], 1)    # [n, L + T]
+        check_image_tokens(rows, prompts, self.image_token_id)   # a placeholder inside a completion
+        return token_scores(hidden, targets, self.hf.get_output_embeddings(), self.block_bias,
+                            self.temperature, self.softcap, self.chunk)                # [n, T], [n, T]
+
+    def _groups(self, prompts: list, layouts: list) -> list:
+        """(score function, layout, rows) per forward: rows sharing a layout, and with a shared prefix also
+        the prompt. Which path scores a row depends on the run's settings only, never on its neighbours."""
+        shared = self.shares_prefix()
+        keys = [(lo, id(x) if shared else 0) for lo, x in zip(layouts, prompts)]
+        order = sorted(set(keys), key=lambda k: (k[0].prompt_width, k[0].width, keys.index(k)))
+        fn = self._score_shared if shared else self._score_layout
+        return [(fn, k[0], [r for r in range(len(prompts)) if keys[r] == k]) for k in order]
 
     def _score_actions(self, prompts: list, layout: Layout, actions: list) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows that are whole sequences (a trajectory's view, `vlm.trajectory`): log-probs and entropies
@@ -157,9 +186,8 @@ class TokenScorer(torch.nn.Module):
         device = self.block_bias.device
         logp = torch.zeros(n, out_len, device=device)                                # [n, T_out]
         ent = torch.zeros(n, out_len, device=device)                                 # [n, T_out]
-        for layout in sorted(set(layouts), key=lambda lo: (lo.prompt_width, lo.width)):
-            rows = [r for r in range(n) if layouts[r] == layout]
-            lp, en = self._score_layout([prompts[r] for r in rows], [completions[r] for r in rows], layout)
+        for score, layout, rows in self._groups(prompts, layouts):
+            lp, en = score([prompts[r] for r in rows], [completions[r] for r in rows], layout)
             idx = torch.tensor(rows, device=device)
             t = lp.shape[1]
             logp = logp.index_put((idx,), torch.nn.functional.pad(lp, (0, out_len - t)))

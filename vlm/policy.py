@@ -81,11 +81,13 @@ class Config:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0                        # 0 = off
+    share_prefix_generation: bool = True  # prefill each prompt once, decode its G rows from copies of its KV cache (vlm.prefix; verified models)
     generate_rows_per_call: int = 0       # rows per generate call; 0 = one prompt's G rows (> G: whole prompts, vlm.generation)
     eval_max_new_tokens: int = 0          # greedy evaluation length; 0 = max_new_tokens
     allowed_special_tokens: List[str] = field(default_factory=list)  # special tokens generation may emit (all others but EOS are blocked)
     # scoring and training
     old_log_probs: str = "deferred"       # deferred (the update takes them from its own forward; no rollout-time scoring) | rollout
+    share_prefix_scoring: bool = True     # each prompt's prefix runs once per forward for all its rows, with grad (vlm.prefix)
     score_rows_per_call: int = 8          # rows per no-grad scoring forward at rollout time (old_log_probs: rollout)
     logprob_chunk: int = 128              # positions per fp32 log-softmax chunk
     lora: LoraSection = field(default_factory=LoraSection)

@@ -121,7 +121,7 @@ def _input_keys(hf) -> InputKeys:
 
 def _scorer(hf, tokens: Tokens, cfg) -> TokenScorer:
     return TokenScorer(hf, tokens.blocked, cfg.temperature, cfg.logprob_chunk, tokens.pad_id, tokens.image_token_id,
-                       not cfg.freeze_vision)
+                       not cfg.freeze_vision, share_prefix=cfg.share_prefix_scoring)
 
 
 def _backend(cfg, ctx, model: Model, tokens: Tokens, image_kwargs: dict):
@@ -131,7 +131,7 @@ def _backend(cfg, ctx, model: Model, tokens: Tokens, image_kwargs: dict):
         return VLLMBackend(cfg, model.hf, model.processor, tokens.blocked, tokens.stop_ids, ctx, image_kwargs,
                            tokens.image_token_id)
     return HFBackend(model.hf, model.tokenizer, tokens.pad_id, tokens.image_token_id, tokens.blocked,
-                     tokens.stop_ids, cfg.generate_rows_per_call)
+                     tokens.stop_ids, cfg.generate_rows_per_call, share_prefix=cfg.share_prefix_generation)
 
 
 def build_parts(cfg, ctx) -> Parts:

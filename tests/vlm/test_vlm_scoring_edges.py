@@ -215,7 +215,7 @@ def test_batch_image_token_check_fails_both_ways(make_policy, counting_rows):
     # the scoring forward runs the same check before the model sees the batch
     comps = [torch.tensor(tk.stop_ids[:1])] * 2
     layout = layout_for(items, comps)
-    with pytest.raises(ConfigError, match=r"row 1 \(data\.train, row 1\) has 5 placeholder tokens"):
+    with pytest.raises(ConfigError, match=r"row \d \(data\.train, row 1\) has 5 placeholder tokens"):
         policy.scorer(items, comps, [layout] * 2, layout.width - layout.prompt_width)
 
 

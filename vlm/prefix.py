@@ -1,0 +1,144 @@
+"""Shared prompt prefix: each prompt's tokens run through the language model once per group.
+
+The G samples of a prompt share its whole prompt (system text, question, image tokens). Instead of
+running that prefix G times, the prefix runs once (batch 1) and its KV cache (transformers'
+`DynamicCache`, `batch_repeat_interleave`) is copied to the rows that continue it:
+
+- generation (`decode`): prefill once, then a greedy decode loop over the G rows with the same
+  logits processors `generate` applies (vlm.generation's seeded sampler picks each token), so the
+  tokens equal `generate`'s own under the same seeds;
+- scoring (`score_hidden`): the prefix forward runs with grad, the completions run against the copied
+  cache, so every completion's gradient flows into one prefix computation; the first completion token
+  is predicted by the prefix's last hidden state.
+
+Positions: a completion token k of a prompt of length L sits at L + k in 1-D RoPE models (LLaVA).
+Qwen2.5-VL's multimodal RoPE gives text after the prompt the 3-D position (L + k + delta) on all three
+axes, delta = max prompt position + 1 - L (`get_rope_index`); passing explicit positions avoids the
+model's stored `rope_deltas`, which belong to whichever forward ran last. Other architectures keep
+the unshared path (`reason_unshared` says why): their attention or position layout is not verified
+against the unshared forward here, and a wrong guess would silently change every log-prob.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vlm.batch import Layout, collate
+from vlm.features import base_model
+
+# CPU GEMM kernels round differently for matrices of a handful of rows (under ~6 rows: a GEMV-like path),
+# so a row's result would depend on how many rows share the forward; the completion forward of a prompt
+# holds at least this many positions (extra rows copy the first and are dropped), which keeps each row's
+# log-probs independent of its microbatch neighbours (the on-policy ratio stays exactly 1).
+MIN_POSITIONS = 64
+
+# model_type -> position layout; each verified against the unshared forward in tests/vlm/test_vlm_prefix.py
+VERIFIED = {"llava": "1d", "qwen2_5_vl": "mrope"}
+
+
+def reason_unshared(hf, training: bool = False) -> str | None:
+    """Why `hf` cannot share prefixes (None when it can); `training`: for the scoring forward."""
+    kind = getattr(hf.config, "model_type", None)
+    if kind not in VERIFIED:
+        return f"model type {kind!r} is not one of the verified {sorted(VERIFIED)}"
+    checkpointed = "is_activation_checkpointing" if hasattr(type(hf), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    if training and getattr(hf, checkpointed, False):
+        return "gradient checkpointing drops the KV cache in training mode"
+    return None
+
+
+def prefix_batch(x, pad_id: int, image_token_id: int | None, device, features: list | None = None) -> dict:
+    """One prompt's model inputs, unpadded ([1, L])."""
+    n = int(x.input_ids.numel())
+    return collate([x], None, Layout(n, n), pad_id, image_token_id, device, features=features)
+
+
+def rope_delta(hf, batch: dict) -> int:
+    """delta of the text positions after the prompt (0 for 1-D RoPE, or a prompt without images),
+    computed exactly when the model's own forward computes 3-D positions."""
+    if VERIFIED.get(getattr(hf.config, "model_type", None)) != "mrope":
+        return 0
+    grid = batch.get("image_grid_thw")
+    types = batch.get("mm_token_type_ids")
+    if grid is None or types is None:                                 # the model falls back to 1-D positions
+        return 0
+    _, delta = base_model(hf).get_rope_index(batch["input_ids"], image_grid_thw=grid, video_grid_thw=None,
+                                             attention_mask=batch["attention_mask"], mm_token_type_ids=types)
+    return int(delta.view(-1)[0])
+
+
+def positions(hf, start: int, length: int, rows: int, delta: int, device) -> torch.Tensor:
+    """Position ids of `length` text tokens from column `start` on: [3, rows, length] for multimodal
+    RoPE, else [rows, length]."""
+    steps = torch.arange(start, start + length, device=device) + delta                # [length]
+    if VERIFIED.get(getattr(hf.config, "model_type", None)) == "mrope":
+        return steps.view(1, 1, length).expand(3, rows, length)
+    return steps.view(1, length).expand(rows, length)
+
+
+def prefill(hf, batch: dict):
+    """The prefix forward: (last hidden state [1, 1, H], its KV cache)."""
+    out = base_model(hf)(**batch, use_cache=True, return_dict=True)
+    return out.last_hidden_state, out.cache
+
+
+def continue_rows(hf, cache, ids: torch.Tensor, mask: torch.Tensor, start: int, delta: int) -> torch.Tensor:
+    """Hidden states [n, t, H] of tokens `ids` [n, t] (valid where `mask`) after a cached prefix of `start`
+    columns, one cache row per row."""
+    n, t = ids.shape
+    attn = torch.cat([torch.ones(n, start, dtype=mask.dtype, device=mask.device), mask], 1)   # [n, start + t]
+    out = base_model(hf)(input_ids=ids, attention_mask=attn, position_ids=positions(hf, start, t, n, delta, ids.device),
+                         cache=cache, use_cache=True, return_dict=True)
+    return out.last_hidden_state
+
+
+def score_hidden(hf, batch: dict, completions: list, width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden states predicting each completion token and the targets, [n, T, H] and [n, T], for the n
+    completions (right-padded to `width` = T) of the one prompt in `batch`; differentiable."""
+    n, device = len(completions), batch["input_ids"].device
+    start = int(batch["input_ids"].shape[1])
+    k = max(n, -(-MIN_POSITIONS // max(width - 1, 1)))                                  # rows run, >= n
+    ids = torch.full((k, width), pad_id, dtype=torch.long)                              # [k, T]
+    mask = torch.zeros((k, width), dtype=torch.long)                                    # [k, T]
+    for r in range(k):
+        c = completions[r] if r < n else completions[0]
+        ids[r, :c.numel()] = c
+        mask[r, :c.numel()] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    delta = rope_delta(hf, batch)
+    last, cache = prefill(hf, batch)                                                     # [1, L, H]
+    hidden = last[:, -1:].expand(n, 1, last.shape[-1])                                  # [n, 1, H] predicts token 0
+    if width > 1:
+        cache.batch_repeat_interleave(k)
+        rest = continue_rows(hf, cache, ids[:, :-1], mask[:, :-1], start, delta)[:n]     # [n, T-1, H]
+        hidden = torch.cat([hidden, rest], 1)                                           # [n, T, H]
+    return hidden, ids[:n]
+
+
+@torch.no_grad()
+def decode(hf, batch: dict, n: int, processors, max_new_tokens: int, stop_ids: list, pad_id: int) -> torch.Tensor:
+    """`n` continuations [n, t] of the one prompt in `batch`, t <= max_new_tokens: greedy decoding of the
+    processed scores (what `generate(do_sample=False, logits_processor=processors)` does), rows that
+    reached a stop token padded with `pad_id`; stops when every row has."""
+    head, device = hf.get_output_embeddings(), batch["input_ids"].device
+    start = int(batch["input_ids"].shape[1])
+    delta = rope_delta(hf, batch)
+    last, cache = prefill(hf, batch)
+    cache.batch_repeat_interleave(n)
+    hidden = last[:, -1:].expand(n, 1, last.shape[-1]).contiguous()                    # [n, 1, H]
+    seq = batch["input_ids"].expand(n, -1)                                              # [n, L + t] for the processors
+    live = torch.ones(n, dtype=torch.bool, device=device)                               # [n]
+    stops = torch.tensor(stop_ids, device=device)
+    new = []
+    for t in range(max_new_tokens):
+        scores = processors(seq, head(hidden)[:, -1].float())                           # [n, V]
+        token = torch.where(live, scores.argmax(-1), torch.full_like(live, pad_id, dtype=torch.long))  # [n]
+        new.append(token)
+        seq = torch.cat([seq, token[:, None]], 1)
+        live &= ~torch.isin(token, stops)
+        if not live.any() or t == max_new_tokens - 1:
+            break
+        ones = torch.ones(n, 1, dtype=torch.long, device=device)
+        hidden = continue_rows(hf, cache, token[:, None], ones, start + t, delta)        # [n, 1, H]
+    return torch.stack(new, 1)                                                          # [n, t]
