@@ -29,7 +29,7 @@ from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogit
                           TopPLogitsWarper)
 
 from vlm.batch import collate, layout_for
-from vlm.prefix import decode, prefix_batch, reason_unshared
+from vlm.prefix import decode, reason_unshared
 
 VISION_TOKEN_KEYS = ("image_token_id", "image_token_index", "video_token_id", "vision_start_token_id",
                      "vision_end_token_id", "boi_token_id", "eoi_token_id", "boi_token_index", "eoi_token_index",
@@ -161,16 +161,17 @@ class HFBackend:
                     repetition_penalty=1.0, logits_processor=LogitsProcessorList(processors), use_cache=True,
                     do_sample=False, temperature=None, top_p=None, top_k=None, synced_gpus=self.synced)
 
-    def _shares(self, rows: list) -> bool:
-        """One prompt's rows, a verified model, and no lockstep decoding across ranks."""
-        return (self.share_prefix and all(r is rows[0] for r in rows) and not self.synced
-                and reason_unshared(self.hf) is None)
+    def _shares(self) -> bool:
+        """A verified model, and no lockstep decoding across ranks (FSDP's per-block gathers)."""
+        return self.share_prefix and not self.synced and reason_unshared(self.hf) is None
 
     def _generate(self, rows: list, spec: SamplingSpec, generators: list | None, device) -> list:
-        if self._shares(rows):
-            batch = prefix_batch(rows[0], self.pad_id, self.image_token_id, device)
-            kw = self._kwargs(spec, generators)
-            out = decode(self.hf, batch, len(rows), kw["logits_processor"], spec.max_new_tokens, self.stop_ids,
+        if self._shares():                    # each distinct prompt prefilled once (vlm.prefix)
+            distinct = list({id(x): x for x in rows}.values())
+            where = {id(x): i for i, x in enumerate(distinct)}
+            batch = collate(distinct, None, layout_for(distinct, None), self.pad_id, self.image_token_id, device)
+            out = decode(self.hf, batch, torch.tensor([where[id(x)] for x in rows]),
+                         self._kwargs(spec, generators)["logits_processor"], spec.max_new_tokens, self.stop_ids,
                          self.pad_id)                                                   # [B, new]
             return [_trim(row, self.stop_ids) for row in out]
         batch = collate(rows, None, layout_for(rows, None), self.pad_id, self.image_token_id, device)

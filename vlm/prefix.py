@@ -54,42 +54,46 @@ def prefix_batch(x, pad_id: int, image_token_id: int | None, device, features: l
     return collate([x], None, Layout(n, n), pad_id, image_token_id, device, features=features)
 
 
-def rope_delta(hf, batch: dict) -> int:
-    """delta of the text positions after the prompt (0 for 1-D RoPE, or a prompt without images),
-    computed exactly when the model's own forward computes 3-D positions."""
-    if VERIFIED.get(getattr(hf.config, "model_type", None)) != "mrope":
-        return 0
-    grid = batch.get("image_grid_thw")
-    types = batch.get("mm_token_type_ids")
-    if grid is None or types is None:                                 # the model falls back to 1-D positions
-        return 0
-    _, delta = base_model(hf).get_rope_index(batch["input_ids"], image_grid_thw=grid, video_grid_thw=None,
+def _mrope(hf) -> bool:
+    return VERIFIED.get(getattr(hf.config, "model_type", None)) == "mrope"
+
+
+def rope_delta(hf, batch: dict) -> torch.Tensor:
+    """delta [B] of the text positions after each prompt of `batch` (0 for 1-D RoPE, or a batch without
+    images), computed exactly when the model's own forward computes 3-D positions."""
+    ids = batch["input_ids"]
+    zero = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)
+    grid, types = batch.get("image_grid_thw"), batch.get("mm_token_type_ids")
+    if not _mrope(hf) or grid is None or types is None:                    # the model uses 1-D positions
+        return zero
+    _, delta = base_model(hf).get_rope_index(ids, image_grid_thw=grid, video_grid_thw=None,
                                              attention_mask=batch["attention_mask"], mm_token_type_ids=types)
-    return int(delta.view(-1)[0])
+    return delta.view(-1).to(ids.device)                                    # [B]
 
 
-def positions(hf, start: int, length: int, rows: int, delta: int, device) -> torch.Tensor:
-    """Position ids of `length` text tokens from column `start` on: [3, rows, length] for multimodal
-    RoPE, else [rows, length]."""
-    steps = torch.arange(start, start + length, device=device) + delta                # [length]
-    if VERIFIED.get(getattr(hf.config, "model_type", None)) == "mrope":
-        return steps.view(1, 1, length).expand(3, rows, length)
-    return steps.view(1, length).expand(rows, length)
+def positions(hf, start: torch.Tensor, length: int, delta: torch.Tensor) -> torch.Tensor:
+    """Position ids of `length` text tokens after prompts of `start` [n] real tokens: [3, n, length] for
+    multimodal RoPE, else [n, length]."""
+    steps = start[:, None] + delta[:, None] + torch.arange(length, device=start.device)   # [n, length]
+    return steps.expand(3, -1, -1) if _mrope(hf) else steps
 
 
 def prefill(hf, batch: dict):
-    """The prefix forward: (last hidden state [1, 1, H], its KV cache)."""
-    out = base_model(hf)(**batch, use_cache=True, return_dict=True)
+    """The prefix forward: (hidden states [B, L, H], KV cache). Left padding (several prompts) gets 1-D
+    positions counted over real tokens, as `generate` gives them; 3-D positions the model computes."""
+    kwargs = {}
+    if not _mrope(hf) and not bool(batch["attention_mask"].all()):
+        mask = batch["attention_mask"]
+        kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)                     # [B, L]
+    out = base_model(hf)(**batch, **kwargs, use_cache=True, return_dict=True)
     return out.last_hidden_state, out.cache
 
 
-def continue_rows(hf, cache, ids: torch.Tensor, mask: torch.Tensor, start: int, delta: int) -> torch.Tensor:
-    """Hidden states [n, t, H] of tokens `ids` [n, t] (valid where `mask`) after a cached prefix of `start`
-    columns, one cache row per row."""
-    n, t = ids.shape
-    attn = torch.cat([torch.ones(n, start, dtype=mask.dtype, device=mask.device), mask], 1)   # [n, start + t]
-    out = base_model(hf)(input_ids=ids, attention_mask=attn, position_ids=positions(hf, start, t, n, delta, ids.device),
-                         cache=cache, use_cache=True, return_dict=True)
+def continue_rows(hf, cache, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Hidden states [n, t, H] of tokens `ids` [n, t] at positions `pos` after the cached prefix (one cache
+    row per row); `mask` [n, cached + t] or None when every position is real."""
+    out = base_model(hf)(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                         return_dict=True)
     return out.last_hidden_state
 
 
@@ -97,7 +101,7 @@ def score_hidden(hf, batch: dict, completions: list, width: int, pad_id: int) ->
     """Hidden states predicting each completion token and the targets, [n, T, H] and [n, T], for the n
     completions (right-padded to `width` = T) of the one prompt in `batch`; differentiable."""
     n, device = len(completions), batch["input_ids"].device
-    start = int(batch["input_ids"].shape[1])
+    length = int(batch["input_ids"].shape[1])
     k = max(n, -(-MIN_POSITIONS // max(width - 1, 1)))                                  # rows run, >= n
     ids = torch.full((k, width), pad_id, dtype=torch.long)                              # [k, T]
     mask = torch.zeros((k, width), dtype=torch.long)                                    # [k, T]
@@ -106,28 +110,36 @@ def score_hidden(hf, batch: dict, completions: list, width: int, pad_id: int) ->
         ids[r, :c.numel()] = c
         mask[r, :c.numel()] = 1
     ids, mask = ids.to(device), mask.to(device)
-    delta = rope_delta(hf, batch)
+    delta = rope_delta(hf, batch).expand(k)                                             # [k]
     last, cache = prefill(hf, batch)                                                     # [1, L, H]
     hidden = last[:, -1:].expand(n, 1, last.shape[-1])                                  # [n, 1, H] predicts token 0
     if width > 1:
         cache.batch_repeat_interleave(k)
-        rest = continue_rows(hf, cache, ids[:, :-1], mask[:, :-1], start, delta)[:n]     # [n, T-1, H]
+        attn = torch.cat([torch.ones(k, length, dtype=mask.dtype, device=device), mask[:, :-1]], 1)  # [k, L + T-1]
+        pos = positions(hf, torch.full((k,), length, device=device), width - 1, delta)
+        rest = continue_rows(hf, cache, ids[:, :-1], pos, attn)[:n]                      # [n, T-1, H]
         hidden = torch.cat([hidden, rest], 1)                                           # [n, T, H]
     return hidden, ids[:n]
 
 
 @torch.no_grad()
-def decode(hf, batch: dict, n: int, processors, max_new_tokens: int, stop_ids: list, pad_id: int) -> torch.Tensor:
-    """`n` continuations [n, t] of the one prompt in `batch`, t <= max_new_tokens: greedy decoding of the
-    processed scores (what `generate(do_sample=False, logits_processor=processors)` does), rows that
-    reached a stop token padded with `pad_id`; stops when every row has."""
+def decode(hf, batch: dict, index: torch.Tensor, processors, max_new_tokens: int, stop_ids: list,
+           pad_id: int) -> torch.Tensor:
+    """Continuations [n, t] (t <= max_new_tokens) of rows whose prompt is row `index[r]` of `batch` (the
+    distinct prompts, left-padded): each prompt prefilled once, then greedy decoding of the processed
+    scores, as `generate(do_sample=False, logits_processor=processors)` does; rows that reached a stop
+    token are padded with `pad_id`; decoding stops when every row has."""
     head, device = hf.get_output_embeddings(), batch["input_ids"].device
-    start = int(batch["input_ids"].shape[1])
-    delta = rope_delta(hf, batch)
-    last, cache = prefill(hf, batch)
-    cache.batch_repeat_interleave(n)
-    hidden = last[:, -1:].expand(n, 1, last.shape[-1]).contiguous()                    # [n, 1, H]
-    seq = batch["input_ids"].expand(n, -1)                                              # [n, L + t] for the processors
+    index = index.to(device)
+    n = int(index.numel())
+    prompt_mask = batch["attention_mask"][index]                                        # [n, L]
+    start = prompt_mask.sum(1)                                                          # [n] real prompt tokens
+    padded = not bool(prompt_mask.all())
+    delta = rope_delta(hf, batch)[index]                                                # [n]
+    last, cache = prefill(hf, batch)                                                     # [P, L, H]
+    cache.batch_select_indices(index)
+    hidden = last[index, -1:]                                                           # [n, 1, H]
+    seq = batch["input_ids"][index]                                                     # [n, L + t] for the processors
     live = torch.ones(n, dtype=torch.bool, device=device)                               # [n]
     stops = torch.tensor(stop_ids, device=device)
     new = []
@@ -139,6 +151,8 @@ def decode(hf, batch: dict, n: int, processors, max_new_tokens: int, stop_ids: l
         live &= ~torch.isin(token, stops)
         if not live.any() or t == max_new_tokens - 1:
             break
-        ones = torch.ones(n, 1, dtype=torch.long, device=device)
-        hidden = continue_rows(hf, cache, token[:, None], ones, start + t, delta)        # [n, 1, H]
+        mask = None
+        if padded:
+            mask = torch.cat([prompt_mask, torch.ones(n, t + 1, dtype=prompt_mask.dtype, device=device)], 1)
+        hidden = continue_rows(hf, cache, token[:, None], positions(hf, start + t, 1, delta), mask)   # [n, 1, H]
     return torch.stack(new, 1)                                                          # [n, t]

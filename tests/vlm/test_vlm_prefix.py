@@ -30,7 +30,7 @@ def _sample(policy, items, group, spec, seeds, shared):
     hook = policy.p.model.hf.generate
     policy.p.model.hf.generate = lambda *a, **k: (calls.append(1), hook(*a, **k))[1]
     try:
-        if spec.greedy:
+        if spec.greedy and group > 1:
             out = [r for x in items for r in backend.sample_rows([x] * group, spec, None, "cpu")]
             out = ([c for c, _ in out], [e for _, e in out])
         else:
@@ -46,7 +46,8 @@ def test_shared_prefix_generation_equals_generate_token_for_token(make_policy, c
     policy = make_policy(family, max_new_tokens=10)
     items = policy._prompts(_batch(_rows(counting_rows)))
     spec = SamplingSpec(10, greedy=True) if greedy else SamplingSpec(10, temperature=1.3, top_k=50)
-    for seeds in ([1, 2], [77, 5]):
+    for seeds, rows_per_call in (([1, 2], 0), ([77, 5], 0), ([77, 5], 8)):   # 8: both prompts in one call
+        policy.p.backend.rows_per_call = rows_per_call
         (plain, ended_plain), n_generate = _sample(policy, items, 4, spec, seeds, shared=False)
         (shared, ended_shared), n_shared = _sample(policy, items, 4, spec, seeds, shared=True)
         assert n_generate > 0 and n_shared == 0          # the shared path does not call generate
@@ -54,6 +55,21 @@ def test_shared_prefix_generation_equals_generate_token_for_token(make_policy, c
         assert ended_shared == ended_plain
     if not greedy:                                       # sampling: the rows of a prompt really differ
         assert len({tuple(c.tolist()) for c in plain[:4]}) > 1
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava"])
+def test_greedy_evaluation_of_prompts_of_several_lengths_in_one_call(make_policy, counting_rows, family):
+    """Evaluation decodes every prompt in one left-padded call: prefilled once each, same tokens."""
+    policy = make_policy(family, max_new_tokens=12)
+    rows = _rows(counting_rows) + counting_rows[2:4]
+    items = policy._prompts(_batch(rows))
+    assert len({int(x.input_ids.numel()) for x in items}) > 1
+    plain, n_generate = _sample(policy, items, 1, SamplingSpec(12, greedy=True), None, shared=False)
+    policy.p.backend.share_prefix = True
+    shared = policy.p.backend.sample(items, 1, SamplingSpec(12, greedy=True), None, "cpu")
+    assert n_generate == 1
+    assert [c.tolist() for c in shared[0]] == [c.tolist() for c in plain[0]] and shared[1] == plain[1]
+    assert len({tuple(c.tolist()) for c in shared[0]}) > 1
 
 
 def _scores(policy, ro, index, shared, grad=False):
