@@ -99,7 +99,7 @@ class Workload:
 
 
 # ------------------------------------------------------------------------------------------- mmrl
-def mmrl_contender(w: Workload, tag: str = "mmrl"):
+def mmrl_contender(w: Workload, tag: str = "mmrl", extra: tuple = ()):
     """`mmrl.trainer.setup` and a closure running one step of its loop (collect + update)."""
     from mmrl.collect import collect
     from mmrl.config import load_config
@@ -119,7 +119,7 @@ def mmrl_contender(w: Workload, tag: str = "mmrl"):
         f"train.samples_per_microbatch={n}", "train.grad_accum_steps=0", f"optim.lr={w.lr}", "optim.max_grad_norm=1.0",
         "algo.kl_beta=0.0", "eval.every=0", "checkpoint.every=0", "logging.progress=false", "precision=fp32",
     ]
-    cfg = load_config(os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml"), overrides)
+    cfg = load_config(os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml"), overrides + list(extra))
     run = setup(cfg)
     state = {"step": 0, "tokens": []}
 

@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vlm.batch import Layout, check_image_tokens, collate
 from vlm.features import base_model, encode
+from vlm.packing import packed_inputs, segment_attention
 from vlm.prefix import prefix_batch, reason_unshared, score_hidden
 
 BLOCK_BIAS = -1e9   # finite, so p * log p stays 0 (not NaN) for blocked tokens
@@ -80,7 +81,7 @@ class TokenScorer(torch.nn.Module):
     """Wraps the Hugging Face model; `forward` is `predict` (the trainer prepares this module)."""
 
     def __init__(self, hf, blocked: list[int], temperature: float, chunk: int, pad_id: int,
-                 image_token_id: int | None, encode_with_grad: bool, share_prefix: bool = False):
+                 image_token_id: int | None, encode_with_grad: bool, share_prefix: bool = False, pack: bool = False):
         super().__init__()
         self.hf = hf
         vocab = hf.get_output_embeddings().weight.shape[0]
@@ -91,6 +92,11 @@ class TokenScorer(torch.nn.Module):
         self.image_token_id, self.encode_with_grad = image_token_id, encode_with_grad
         self.softcap = getattr(hf.config.get_text_config(), "final_logit_softcapping", None)
         self.share_prefix = share_prefix          # policy.share_prefix_scoring (vlm.prefix)
+        self.pack = pack                          # policy.pack_sequences (vlm.packing), where prefixes are not shared
+
+    def packs(self) -> bool:
+        """Rows scored padding-free in one packed forward: asked for, a verified model, no shared prefix."""
+        return self.pack and not self.shares_prefix() and reason_unshared(self.hf, training=True) is None
 
     def shares_prefix(self) -> bool:
         """Each prompt's prefix runs once for all its rows (`vlm.prefix`): asked for, verified for this model,
@@ -130,10 +136,31 @@ class TokenScorer(torch.nn.Module):
         return token_scores(hidden, targets, self.hf.get_output_embeddings(), self.block_bias,
                             self.temperature, self.softcap, self.chunk)                # [n, T], [n, T]
 
+    def _score_packed(self, prompts: list, completions: list, layout: Layout | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """All rows in one padding-free forward (`vlm.packing`); [n, T] with T the longest completion."""
+        device = self.block_bias.device
+        features = self._features(prompts) or [x.features for x in prompts]
+        batch, starts = packed_inputs(self.hf, prompts, completions, self.pad_id, self.image_token_id, device,
+                                      features)
+        with segment_attention(self.hf):
+            out = base_model(self.hf)(**batch, use_cache=False, return_dict=True)
+        t = max(int(c.numel()) for c in completions)
+        cols = torch.zeros(len(prompts), t, dtype=torch.long)                                 # [n, T] predicting columns
+        targets = torch.full((len(prompts), t), self.pad_id, dtype=torch.long)              # [n, T]
+        for r, (x, c, s) in enumerate(zip(prompts, completions, starts)):
+            first = s + int(x.input_ids.numel()) - 1
+            cols[r] = first + torch.arange(t).clamp(max=int(c.numel()) - 1)
+            targets[r, :c.numel()] = c
+        hidden = out.last_hidden_state[0, cols.to(device)]                                  # [n, T, H]
+        return token_scores(hidden, targets.to(device), self.hf.get_output_embeddings(), self.block_bias,
+                            self.temperature, self.softcap, self.chunk)
+
     def _groups(self, prompts: list, layouts: list) -> list:
         """(score function, layout, rows) per forward: rows sharing a layout, and with a shared prefix also
         the prompt. Which path scores a row depends on the run's settings only, never on its neighbours."""
         shared = self.shares_prefix()
+        if not shared and self.packs():
+            return [(self._score_packed, None, list(range(len(prompts))))]
         keys = [(lo, id(x) if shared else 0) for lo, x in zip(layouts, prompts)]
         order = sorted(set(keys), key=lambda k: (k[0].prompt_width, k[0].width, keys.index(k)))
         fn = self._score_shared if shared else self._score_layout
@@ -181,7 +208,8 @@ class TokenScorer(torch.nn.Module):
         """
         if actions is not None:
             return self._forward_actions(prompts, layouts, out_len, actions)
-        layouts = one_layout_if_sharded(self, layouts)
+        if not self.packs():
+            layouts = one_layout_if_sharded(self, layouts)
         n = len(prompts)
         device = self.block_bias.device
         logp = torch.zeros(n, out_len, device=device)                                # [n, T_out]

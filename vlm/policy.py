@@ -88,6 +88,7 @@ class Config:
     # scoring and training
     old_log_probs: str = "deferred"       # deferred (the update takes them from its own forward; no rollout-time scoring) | rollout
     share_prefix_scoring: bool = True     # each prompt's prefix runs once per forward for all its rows, with grad (vlm.prefix)
+    pack_sequences: bool = True           # rows not sharing a prefix scored padding-free in one packed forward (vlm.packing)
     score_rows_per_call: int = 8          # rows per no-grad scoring forward at rollout time (old_log_probs: rollout)
     logprob_chunk: int = 128              # positions per fp32 log-softmax chunk
     lora: LoraSection = field(default_factory=LoraSection)

@@ -121,7 +121,8 @@ def _input_keys(hf) -> InputKeys:
 
 def _scorer(hf, tokens: Tokens, cfg) -> TokenScorer:
     return TokenScorer(hf, tokens.blocked, cfg.temperature, cfg.logprob_chunk, tokens.pad_id, tokens.image_token_id,
-                       not cfg.freeze_vision, share_prefix=cfg.share_prefix_scoring)
+                       not cfg.freeze_vision, share_prefix=cfg.share_prefix_scoring,
+                       pack=cfg.pack_sequences)
 
 
 def _backend(cfg, ctx, model: Model, tokens: Tokens, image_kwargs: dict):

@@ -44,12 +44,14 @@ def _read_metrics(out_dir):
         return [json.loads(line) for line in f if '"loss"' in line]
 
 
-def test_every_first_epoch_microbatch_has_ratio_exactly_one(tmp_path):
-    """Microbatches of 3 mixing two dynamic-sampling rounds (two layouts): ratio - 1 is exactly 0."""
+@pytest.mark.parametrize("scoring", ["policy.share_prefix_scoring=true", "policy.share_prefix_scoring=false"])
+def test_every_first_epoch_microbatch_has_ratio_exactly_one(tmp_path, scoring):
+    """Microbatches of 3 mixing two dynamic-sampling rounds (two layouts), scored with a shared prefix or
+    packed: ratio - 1 is exactly 0."""
     from mmrl.trainer import train
 
     cfg = load_config(CONFIG, [
-        f"output_dir={tmp_path}", "max_steps=1", "eval.every=0", "checkpoint.every=0",
+        f"output_dir={tmp_path}", "max_steps=1", "eval.every=0", "checkpoint.every=0", scoring,
         "train.samples_per_microbatch=3", "train.update_epochs=1", "algo.filter=dynamic",
         "algo.max_resample_rounds=2", "policy.max_new_tokens=10",
         f"rewards=[{{name: '{os.path.join(HERE, 'test_vlm_policy.py')}:FirstGroupFlatOnce'}}]"])
