@@ -31,8 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from common import Report, cases_headline, machine, median, run, table  # noqa: E402
-from vlm_floor import (Workload, floor_contender, mmrl_contender, parse_cases, profile_mmrl,  # noqa: E402
-                       vlm_options)
+from vlm_floor import (ABLATION_HEADER, Workload, ablation_contenders, ablation_rows, floor_contender,  # noqa: E402
+                       mmrl_contender, parse_cases, profile_mmrl, vlm_options)
 
 
 def trl_reward(completions, **_):
@@ -70,24 +70,48 @@ def trl_trainer(w: Workload, steps: int, callback):
     return trainer
 
 
+def lm_head_modes():
+    """TRL scores the LM head over every position of its sequences (prompt included) unless its Triton kernel
+    runs (GPU): `trl.trainer.utils._use_triton` picks the compact path, which scores only the completion
+    tokens. Returns (set_mode, names): set_mode(1) makes TRL compact on the CPU too, set_mode(0) restores it."""
+    import trl.trainer.utils as trl_utils
+
+    original = trl_utils._use_triton
+
+    def set_mode(mode: int) -> None:
+        trl_utils._use_triton = original if mode == 0 else (lambda device: True)
+
+    return set_mode, ("trl", "trl compact")
+
+
 def make_callback(others: dict):
+    """TRL's steps alternate between its CPU behaviour (every position through the LM head) and the compact
+    scoring it does on GPU; one step of every other contender runs after each TRL step."""
     from transformers import TrainerCallback
+
+    set_mode, names = lm_head_modes()
 
     class Interleave(TrainerCallback):
         def __init__(self):
-            self.times = {"trl": [], **{k: [] for k in others}}
-            self.mark = None
+            self.times = {**{n: [] for n in names}, **{k: [] for k in others}}
+            self.mark, self.step = None, 0
 
         def on_train_begin(self, args, state, control, **kw):
+            set_mode(0)
             self.mark = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            self.times["trl"].append(time.perf_counter() - self.mark)
+            self.times[names[self.step % 2]].append(time.perf_counter() - self.mark)
+            self.step += 1
+            set_mode(self.step % 2)                              # the next TRL step's mode
             for name, fn in others.items():
                 t0 = time.perf_counter()
                 fn()
                 self.times[name].append(time.perf_counter() - t0)
             self.mark = time.perf_counter()
+
+        def on_train_end(self, args, state, control, **kw):
+            set_mode(0)
 
     return Interleave()
 
@@ -101,32 +125,40 @@ def measure(args) -> Report:
     import transformers
     import trl
 
-    rows = []
+    rows, ablations = [], []
     with tempfile.TemporaryDirectory(prefix="vlm-vs-trl-") as root:
-        for size, side in parse_cases(args.cases):
-            w = Workload(size, side, args.prompts, args.group, args.new_tokens, args.lr, root)
+        for size, side, group, new in parse_cases(args.cases, args.group, args.new_tokens):
+            w = Workload(size, side, args.prompts, group, new, args.lr, root)
             others = {"mmrl": mmrl_contender(w)}
             if args.floor:
                 others["floor"] = floor_contender(w)
+            if args.ablations:
+                others.update(ablation_contenders(w))
             cb = make_callback(others)
-            trainer = trl_trainer(w, args.warmup + args.repeats, cb)
+            warm = 2 * -(-args.warmup // 2)                       # an even count keeps TRL's two modes paired
+            trainer = trl_trainer(w, warm + 2 * args.repeats, cb)
             trainer.train()
-            t = {k: median(v[args.warmup:]) for k, v in cb.times.items()}
-            row = [f"{size} {side}px", (side // 28) ** 2, args.prompts, args.group, args.new_tokens,
-                   t["trl"], t["mmrl"]]
+            t = {k: median(v[warm // 2:] if k.startswith("trl") else v[warm:]) for k, v in cb.times.items()}
+            row = [w.label(), (side // 28) ** 2, args.prompts, group, new, t["trl"], t["trl compact"], t["mmrl"]]
             if args.floor:
-                row += [t["floor"], t["trl"] / t["floor"], t["mmrl"] / t["floor"]]
-            row.append(t["trl"] / t["mmrl"])
+                row += [t["floor"], t["trl compact"] / t["floor"], t["mmrl"] / t["floor"]]
+            row += [t["trl"] / t["mmrl"], t["trl compact"] / t["mmrl"]]
             rows.append(row)
+            if args.ablations:
+                ablations += ablation_rows(w, {k: v[warm:] for k, v in cb.times.items()})
             if args.profile:
-                print(f"\n[{size} {side}px]\n" + profile_mmrl(others["mmrl"]), flush=True)
-    header = ["case", "img tok/prompt", "P", "G", "max new", "TRL s/step", "mmrl s/step"]
+                print(f"\n[{w.label()}]\n" + profile_mmrl(others["mmrl"]), flush=True)
+    header = ["case", "img tok/prompt", "P", "G", "max new", "TRL s/step", "TRL compact s/step", "mmrl s/step"]
     if args.floor:
-        header += ["floor s/step", "TRL/floor", "mmrl/floor"]
-    header.append("TRL/mmrl")
+        header += ["floor s/step", "TRL compact/floor", "mmrl/floor"]
+    header += ["TRL/mmrl", "TRL compact/mmrl"]
     title = (f"VLM GRPO step, TRL {trl.__version__} vs mmrl (transformers {transformers.__version__}; "
-             f"{machine()}; median of {args.repeats} interleaved steps after {args.warmup} warm-up)")
-    return Report([table(title, header, rows)], cases_headline("TRL / mmrl", rows, "goal >= 1.5"))
+             f"{machine()}; median of {args.repeats} interleaved steps after {args.warmup} warm-up; TRL compact = "
+             "its LM head over completion tokens only, as on GPU)")
+    tables = [table(title, header, rows)]
+    if ablations:
+        tables.append(table("mmrl with one optimisation off (same run)", ABLATION_HEADER, ablations))
+    return Report(tables, cases_headline("TRL compact / mmrl", rows, "goal >= 3.0 at S 448px G8"))
 
 
 if __name__ == "__main__":
