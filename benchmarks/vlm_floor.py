@@ -5,13 +5,18 @@ One optimizer step of mmrl (`mmrl.trainer.setup`, then one iteration of its loop
 temp folder), against the floor: one HF `generate` of the P prompts with
 `num_return_sequences=G` (images in), then one forward and backward over the P*G generated
 sequences with their images (pixel values repeated per sample, as a naive loop does), a
-policy-gradient surrogate on the completion tokens and one AdamW step. The floor's inputs are
-tokenized once (no per-step image decoding or chat template); both sides train the language model
-fully (vision frozen), fp32, on the CPU, with the same prompts, G, max new tokens and learning rate.
-Goal: mmrl / floor <= 1.0.
+policy-gradient surrogate on the completion tokens and one AdamW step. Both sides train the language
+model fully (vision frozen), fp32, on the CPU, with the same prompts, G, max new tokens and learning
+rate, and generate all P*G rows in one call (mmrl: `policy.generate_rows_per_call=P*G`). The floor
+favours itself in two ways: its prompts are tokenized and its images processed once, outside the timed
+step (mmrl builds them every step), and it computes no reward.
+Goals: mmrl / floor <= 0.5 at S 448px G=8, <= 1.0 with 56px images.
 
-    python benchmarks/vlm_floor.py [--repeats 10] [--warmup 2] [--cases S:56,M:56,S:448]
-                                   [--prompts 2] [--group 4] [--new-tokens 32] [--profile]
+Cases are size:side[:G[:max_new_tokens]]; the default adds G=8 at 448px, once with 32 new tokens and
+once prompt-heavy (8 new tokens). `--ablations` also times mmrl with each optimisation off.
+
+    python benchmarks/vlm_floor.py [--repeats 10] [--warmup 2] [--cases S:56,M:56,S:448,S:448:8:8,S:448:8]
+                                   [--prompts 2] [--group 4] [--new-tokens 32] [--ablations] [--profile]
 """
 
 from __future__ import annotations

@@ -11,10 +11,17 @@ Interleaving: TRL's own training loop runs (`trainer.train()`); a callback at ea
 `on_step_end` runs one mmrl step (`mmrl.trainer.setup`'d run: `collect` + `update`), so the two
 alternate step by step. A TRL step is timed from the end of the previous callback to its
 `on_step_end` (data loading, generation, scoring, backward, optimizer, logging included).
-Optionally (`--floor`) the naive floor of benchmarks/vlm_floor.py runs in the same rotation.
+Optionally (`--floor`) the naive floor of benchmarks/vlm_floor.py runs in the same rotation, and
+(`--ablations`) mmrl with each of its optimisations off.
+
+TRL on the CPU runs its LM head over every position, prompt included: its compact path (completion
+tokens only) is taken only where its Triton kernel runs (`trl/trainer/utils.py`, GPU). TRL's steps
+alternate between that CPU behaviour ("TRL") and the compact path ("TRL compact", by switching
+`trl.trainer.utils._use_triton`); the goal (TRL compact / mmrl >= 3.0 at S 448px G=8) is set on the latter.
 
     pip install -r benchmarks/requirements.txt
-    python benchmarks/vlm_vs_trl.py [--repeats 10] [--warmup 2] [--cases S:56,M:56,S:448] [--floor]
+    python benchmarks/vlm_vs_trl.py [--repeats 10] [--warmup 2] [--cases S:56,M:56,S:448,S:448:8:8,S:448:8]
+                                    [--floor] [--ablations]
 """
 
 from __future__ import annotations
