@@ -60,3 +60,19 @@ def counting_rows():
     from shapes_world.standins import counting
 
     return counting(n=4, seed=0)
+
+
+@pytest.fixture
+def assert_same_scores():
+    """Two ways of scoring the same rows agree: log-probs and entropies within 1e-5 (0 past each row's end)
+    and the gradients (name -> grad) of the scores, within 1e-5 + 1e-4 relative."""
+
+    def check(got, got_grads, want, want_grads, mask):
+        torch.testing.assert_close(got.log_probs, want.log_probs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.entropy, want.entropy, atol=1e-5, rtol=0)
+        assert float((got.log_probs * (1 - mask)).abs().sum()) == 0.0
+        assert got_grads.keys() == want_grads.keys() and len(want_grads) > 10
+        for name in want_grads:
+            torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+    return check
