@@ -6,7 +6,9 @@ running that prefix G times, the prefix runs once (batch 1) and its KV cache (tr
 
 - generation (`decode`): prefill once, then a greedy decode loop over the G rows with the same
   logits processors `generate` applies (vlm.generation's seeded sampler picks each token), so the
-  tokens equal `generate`'s own under the same seeds;
+  tokens equal `generate`'s own under the same seeds (tested token for token). A loop of our own rather
+  than `generate(cache=...)`: it passes every position explicitly, where `generate` continuing a cache
+  would rebuild Qwen2.5-VL's from the `rope_deltas` the model stored in its last forward;
 - scoring (`score_hidden`): the prefix forward runs with grad, the completions run against the copied
   cache, so every completion's gradient flows into one prefix computation; the first completion token
   is predicted by the prefix's last hidden state.
