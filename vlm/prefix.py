@@ -23,6 +23,8 @@ against the unshared forward here, and a wrong guess would silently change every
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from vlm.batch import Layout, collate
@@ -88,14 +90,19 @@ def prefill(hf, batch: dict):
         mask = batch["attention_mask"]
         kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)                     # [B, L]
     out = base_model(hf)(**batch, **kwargs, use_cache=True, return_dict=True)
-    return out.last_hidden_state, out.cache
+    return out.last_hidden_state, out.cache if hasattr(out, "cache") else out.past_key_values
+
+
+def _cache_kwarg(hf) -> str:
+    """The forward's KV-cache argument: `cache` (transformers >= 5.24) or `past_key_values` (earlier)."""
+    return "cache" if "cache" in inspect.signature(base_model(hf).forward).parameters else "past_key_values"
 
 
 def continue_rows(hf, cache, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Hidden states [n, t, H] of tokens `ids` [n, t] at positions `pos` after the cached prefix (one cache
     row per row); `mask` [n, cached + t] or None when every position is real."""
-    out = base_model(hf)(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                         return_dict=True)
+    out = base_model(hf)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, return_dict=True,
+                         **{_cache_kwarg(hf): cache})
     return out.last_hidden_state
 
 
