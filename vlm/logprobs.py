@@ -95,7 +95,8 @@ class TokenScorer(torch.nn.Module):
         self.pack = pack                          # policy.pack_sequences (vlm.packing), where prefixes are not shared
 
     def packs(self) -> bool:
-        """Rows scored padding-free in one packed forward: asked for, a verified model, no shared prefix."""
+        """Rows scored padding-free in one packed forward: asked for, a verified model, no shared prefix, no
+        gradient checkpointing (its recomputation in backward would run outside `segment_attention`)."""
         return self.pack and not self.shares_prefix() and reason_unshared(self.hf, training=True) is None
 
     def shares_prefix(self) -> bool:

@@ -25,7 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from vlm.batch import Layout, collate
 from vlm.features import merge
-from vlm.prefix import MIN_POSITIONS, VERIFIED
+from vlm.prefix import MIN_POSITIONS, VERIFIED, mrope_index
 
 ATTENTION = "mmrl_segments"
 
@@ -63,13 +63,8 @@ def _row_positions(hf, row: dict, length: int) -> torch.Tensor:
     text = torch.arange(length, device=row["input_ids"].device)[None]                    # [1, L]
     if VERIFIED.get(hf.config.model_type) != "mrope":
         return text
-    grid, types = row.get("image_grid_thw"), row.get("mm_token_type_ids")
-    if grid is None or types is None:
-        return torch.cat([text[None], text[None].expand(3, -1, -1)])
-    from vlm.features import base_model
-
-    pos, _ = base_model(hf).get_rope_index(row["input_ids"], image_grid_thw=grid, video_grid_thw=None,
-                                           attention_mask=row["attention_mask"], mm_token_type_ids=types)
+    index = mrope_index(hf, row)
+    pos = index[0] if index is not None else text[None].expand(3, -1, -1)                # [3, 1, L]
     return torch.cat([text[None], pos])                                                  # [4, 1, L]
 
 

@@ -62,17 +62,22 @@ def _mrope(hf) -> bool:
     return VERIFIED.get(getattr(hf.config, "model_type", None)) == "mrope"
 
 
-def rope_delta(hf, batch: dict) -> torch.Tensor:
-    """delta [B] of the text positions after each prompt of `batch` (0 for 1-D RoPE, or a batch without
-    images), computed exactly when the model's own forward computes 3-D positions."""
-    ids = batch["input_ids"]
-    zero = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)
+def mrope_index(hf, batch: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(3-D positions [3, B, L], delta [B]) of `batch` exactly when the model's own forward computes 3-D
+    positions (multimodal RoPE and a batch with images); None where it uses 1-D positions."""
     grid, types = batch.get("image_grid_thw"), batch.get("mm_token_type_ids")
-    if not _mrope(hf) or grid is None or types is None:                    # the model uses 1-D positions
-        return zero
-    _, delta = base_model(hf).get_rope_index(ids, image_grid_thw=grid, video_grid_thw=None,
-                                             attention_mask=batch["attention_mask"], mm_token_type_ids=types)
-    return delta.view(-1).to(ids.device)                                    # [B]
+    if not _mrope(hf) or grid is None or types is None:
+        return None
+    pos, delta = base_model(hf).get_rope_index(batch["input_ids"], image_grid_thw=grid, video_grid_thw=None,
+                                               attention_mask=batch["attention_mask"], mm_token_type_ids=types)
+    return pos, delta.view(-1).to(batch["input_ids"].device)
+
+
+def rope_delta(hf, batch: dict) -> torch.Tensor:
+    """delta [B] of the text positions after each prompt of `batch` (0 where positions are 1-D)."""
+    index = mrope_index(hf, batch)
+    return index[1] if index is not None else torch.zeros(batch["input_ids"].shape[0], dtype=torch.long,
+                                                            device=batch["input_ids"].device)
 
 
 def positions(hf, start: torch.Tensor, length: int, delta: torch.Tensor) -> torch.Tensor:

@@ -74,3 +74,4 @@ def test_shared_prefix_wins_over_packing_and_packing_can_be_turned_off(make_poli
     assert not make_policy("llava").scorer.packs()                       # prefixes shared: nothing to pack
     assert make_policy("llava", share_prefix_scoring=False).scorer.packs()
     assert not make_policy("llava", share_prefix_scoring=False, pack_sequences=False).scorer.packs()
+

@@ -163,6 +163,8 @@ def test_unverified_models_and_checkpointing_keep_the_unshared_path(make_policy,
     assert "gradient checkpointing" in prefix.reason_unshared(hf, training=True)
     assert prefix.reason_unshared(hf) is None                               # generation runs in eval mode
     assert not policy.scorer.shares_prefix()
+    policy.scorer.share_prefix = False
+    assert not policy.scorer.packs()        # backward's recomputation would run outside the segment attention
 
 
 def test_settings_turn_each_part_off(make_policy):
