@@ -11,6 +11,8 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from rewards.models import align_weights
+
 log = logging.getLogger("mmrl.rewards")
 
 
@@ -28,7 +30,7 @@ class LocalVLM:
         self.processor = AutoProcessor.from_pretrained(model)
         self.processor.tokenizer.padding_side = "left"
         self.model = AutoModelForImageTextToText.from_pretrained(model, dtype=getattr(torch, dtype))
-        self.model.to(device).eval().requires_grad_(False)
+        align_weights(self.model.to(device).eval().requires_grad_(False))
         self.device, self.max_new_tokens, self.batch_size = device, max_new_tokens, batch_size
 
     def reply(self, conversations: list[tuple[list, str]]) -> list[str | None]:

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 
+from rewards.models import align_weights, fixed_rows
 from rewards.registry import register
 
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -55,7 +56,7 @@ def _open_clip(model: str, pretrained: str | None, model_config: dict | None, de
         net, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained)
     except RuntimeError as e:
         raise ValueError(f"cannot build open_clip model {model!r} with pretrained={pretrained!r}: {e}") from e
-    net = net.to(device=device, dtype=torch_dtype).eval().requires_grad_(False)
+    net = align_weights(net.to(device=device, dtype=torch_dtype).eval().requires_grad_(False))
     return net, preprocess, open_clip.get_tokenizer(model)
 
 
@@ -69,10 +70,9 @@ def _image_reward(name: str, score_batch, batch_size: int):
     def reward(samples: list) -> list[float | None]:
         scores: list[float | None] = [None] * len(samples)
         idx = [i for i, s in enumerate(samples) if isinstance(s.output, Image.Image)]
-        for start in range(0, len(idx), batch_size):
-            chunk = idx[start:start + batch_size]
-            for i, v in zip(chunk, score_batch([samples[i] for i in chunk])):
-                scores[i] = float(v)
+        # calls of exactly batch_size images: a score never depends on the other samples this process holds
+        for i, v in zip(idx, fixed_rows(score_batch, [samples[i] for i in idx], batch_size)):
+            scores[i] = float(v)
         return scores
 
     reward.__name__ = reward.__qualname__ = name
@@ -130,13 +130,13 @@ def pickscore(model: str = "yuvalkirstain/PickScore_v1", processor: str = "laion
         raise ValueError(f"pickscore: scale_div must be > 0, got {scale_div!r}")
     torch_dtype = _torch_dtype(dtype)
     proc = AutoProcessor.from_pretrained(processor)
-    net = AutoModel.from_pretrained(model).to(device=device, dtype=torch_dtype).eval().requires_grad_(False)
+    net = align_weights(AutoModel.from_pretrained(model).to(device=device, dtype=torch_dtype).eval().requires_grad_(False))
     max_len = min(77, net.config.text_config.max_position_embeddings)
 
     @torch.no_grad()
     def score(batch):
         pix = proc(images=[s.output.convert("RGB") for s in batch], return_tensors="pt")["pixel_values"]
-        txt = proc(text=[s.prompt for s in batch], padding=True, truncation=True, max_length=max_len,
+        txt = proc(text=[s.prompt for s in batch], padding="max_length", truncation=True, max_length=max_len,
                    return_tensors="pt")
         out = net(pixel_values=pix.to(device, torch_dtype), input_ids=txt["input_ids"].to(device),
                   attention_mask=txt["attention_mask"].to(device))
@@ -224,7 +224,7 @@ def aesthetic(checkpoint: str | None = None, model: str = "ViT-L-14", pretrained
                          f"[1024, {embed_dim}] (CLIP {model!r} embedding size), found {found}")
     mlp = aesthetic_mlp(embed_dim)
     mlp.load_state_dict(state)
-    mlp = mlp.to(device).eval()
+    mlp = align_weights(mlp.to(device).eval())
 
     @torch.no_grad()
     def score(batch):

@@ -4,7 +4,12 @@ multi-turn trajectories.
 
 Only rank 0 writes samples (its own prompts: the first half of the step's); the other rank's samples
 enter through `reward/mean`, averaged over processes, and a reward that hashes each output, so one
-differing sample anywhere changes it."""
+differing sample anywhere changes it.
+
+Each case runs twice: with the machine's own CPU kernels and with them limited to a lower instruction set
+(`mmrl.determinism.isa_env`). Before model weights were re-homed at aligned addresses, the SD3 case failed on an
+AVX-512 machine natively (MKL rounds a weight at an 8-byte offset differently) and with the kernels limited to
+AVX2 (`ONEDNN_MAX_CPU_ISA` alone was enough to show it)."""
 
 import hashlib
 import json
@@ -30,7 +35,7 @@ def output_hash(samples) -> list:
     return out
 
 
-def _train(config: str, out: str, processes: int, rewards: str) -> None:
+def _train(config: str, out: str, processes: int, rewards: str, kernels: str) -> None:
     from helpers import free_port  # here, not at the top: mmrl also loads this file as a reward plug-in
 
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
@@ -38,7 +43,10 @@ def _train(config: str, out: str, processes: int, rewards: str) -> None:
     cmd = [*launcher, "-m", "mmrl", "train", os.path.join(ROOT, "configs", "tiny", config), f"output_dir={out}",
            "max_steps=1", "eval.every=0", "checkpoint.every=0", "logging.save_samples_every=1",
            "train.prompts_per_step=4", "algo.filter=none", f"rewards={rewards}"]  # groups filter per process
+    from mmrl.determinism import isa_env, lower_isa
+
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    env = env if kernels == "native" else isa_env(lower_isa(), env)
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -60,15 +68,18 @@ def _same_output(a, b, dir_a: str, dir_b: str) -> bool:
     return a == b
 
 
+# kernels: the machine's own, or limited to a lower instruction set (mmrl.determinism.lower_isa), so that an
+# exactness that holds on one instruction set only fails on any machine
+@pytest.mark.parametrize("kernels", ["native", "lower"])
 @pytest.mark.parametrize("config,rewards", [
     ("vlm_tiny.yaml", f"[{{name: format, weight: 0.5}}, {{name: numeric}}, {{name: '{HASH_REWARD}', label: hash}}]"),
     ("sd3_tiny.yaml", f"[{{name: jpeg_compressibility}}, {{name: '{HASH_REWARD}', label: hash}}]"),
     ("agent_tiny.yaml", f"[{{name: env_return}}, {{name: '{HASH_REWARD}', label: hash}}]"),
 ], ids=["vlm", "sd3", "agent"])
-def test_one_and_two_processes_sample_the_same_first_step(tmp_path, config, rewards):
+def test_one_and_two_processes_sample_the_same_first_step(tmp_path, config, rewards, kernels):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    _train(config, one, 1, rewards)
-    _train(config, two, 2, rewards)
+    _train(config, one, 1, rewards, kernels)
+    _train(config, two, 2, rewards, kernels)
     all_rows, rank0 = _samples(one), _samples(two)
     assert len(rank0) * 2 == len(all_rows) > 0
     for sid, row in rank0.items():
