@@ -14,6 +14,10 @@ A directory named `step_*` is complete by construction, so a kill at any moment 
 the previous `latest` usable. What a killed write leaves behind (`.tmp_step_*_<pid>`,
 `step_*.old_<pid>`, `<file>.tmp-<pid>`) is cleared by `clean_stale` when the next run starts.
 
+Loading runs no code from the checkpoint (`mmrl.safe_load`): weights through safetensors, optimizer, scheduler
+and RNG states (stored as tensors and plain containers) through torch's weights-only loader, a sharded folder's
+metadata through an unpickler that admits only its own classes; anything else is refused naming the file.
+
 Errors: a failed write (full disk, read-only folder) raises `CheckpointError` (the run stops);
 a checkpoint that this run cannot load raises `IncompatibleCheckpoint`, a configuration error.
 """
@@ -30,6 +34,7 @@ import numpy as np
 import torch
 
 from mmrl.config import ConfigError
+from mmrl.safe_load import UnsafeCheckpoint, load_pt
 
 PREFIX = "step_"
 FILES = ("policy.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
@@ -85,15 +90,26 @@ def write_text_atomic(path: str, text: str) -> None:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The RNG states as tensors and plain containers (what torch's weights-only loader reads back)."""
+    version, key, gauss = random.getstate()
+    kind, mt, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(key), gauss],
+             "numpy": {"kind": kind, "key": torch.from_numpy(mt.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Restore `rng_state()`'s states (or the tuples and numpy state of checkpoints written before it)."""
+    version, key, gauss = state["python"]
+    random.setstate((version, tuple(key), gauss))
+    npy = state["numpy"]
+    if isinstance(npy, dict):
+        npy = (npy["kind"], npy["key"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
+    np.random.set_state(npy)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -365,16 +381,18 @@ def load(path: str, policy, optimizer, scheduler, ema=None) -> dict:
             dcp.load(os.path.join(path, "sharded"), policy, optimizer, ema)
         else:
             policy.load(os.path.join(path, "policy.safetensors"))
-            optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))
+            optimizer.load_state_dict(load_pt(os.path.join(path, "optimizer.pt")))
             if ema is not None:
                 ema.load(os.path.join(path, "ema.safetensors"))
+    except UnsafeCheckpoint:
+        raise
     except (RuntimeError, ValueError, KeyError, SafetensorError) as e:
         detail = " ".join(str(e).split())
         raise IncompatibleCheckpoint(
             f"config key 'resume': checkpoint {path!r} does not match policy {_policy_name(policy)} of this run: "
             f"{detail[:400]}{'...' if len(detail) > 400 else ''}. Resume it with the policy section it was "
             "trained with (its run's config.yaml), or start a new run in another output_dir") from None
-    scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=True))
-    set_rng_state(torch.load(os.path.join(path, "rng.pt"), weights_only=False))  # our own file
+    scheduler.load_state_dict(load_pt(os.path.join(path, "scheduler.pt")))
+    set_rng_state(load_pt(os.path.join(path, "rng.pt"), legacy_numpy=True))
     with open(os.path.join(path, "state.json")) as f:
         return json.load(f)

@@ -21,6 +21,8 @@ import warnings
 
 import torch
 
+from mmrl.safe_load import safe_reader
+
 
 @contextlib.contextmanager
 def _quiet():
@@ -83,7 +85,7 @@ def load(folder: str, policy, optimizer=None, ema=None) -> None:
 
     template = state(policy, optimizer, ema)
     with _quiet():
-        dcp.load(template, checkpoint_id=folder)
+        dcp.load(template, storage_reader=safe_reader(folder))
     model = bare(policy.model)
     if optimizer is None:
         set_model_state_dict(model, template["model"], options=_options(strict=False))
@@ -98,9 +100,7 @@ def load(folder: str, policy, optimizer=None, ema=None) -> None:
 
 def has_ema(folder: str) -> bool:
     """Whether the sharded state in `folder` holds an EMA's average."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return any(k.startswith("ema.") for k in FileSystemReader(folder).read_metadata().state_dict_metadata)
+    return any(k.startswith("ema.") for k in safe_reader(folder).read_metadata().state_dict_metadata)
 
 
 def load_weights(folder: str, policy, ema: bool = False) -> None:
@@ -114,7 +114,7 @@ def load_weights(folder: str, policy, ema: bool = False) -> None:
     params = list(policy.trainable_parameters())
     average = {f"param_{i:05d}": p.detach().float().clone() for i, p in enumerate(params)}
     with _quiet():
-        dcp.load({"ema": average}, checkpoint_id=folder)
+        dcp.load({"ema": average}, storage_reader=safe_reader(folder))
     with torch.no_grad():
         for i, p in enumerate(params):
             p.copy_(average[f"param_{i:05d}"])

@@ -335,16 +335,16 @@ class _NotWeights:
 
 def test_optimizer_and_scheduler_states_are_loaded_as_weights_only(tmp_path):
     """A checkpoint's optimizer.pt and scheduler.pt are read with weights_only=True: a file holding arbitrary
-    pickled objects is refused instead of executed."""
-    import pickle
+    pickled objects is refused instead of executed, with an error naming the file."""
+    from mmrl.safe_load import UnsafeCheckpoint
 
     path = _save(tmp_path, 2)
     torch.save({"state": {}, "param_groups": [], "payload": _NotWeights()}, os.path.join(path, "optimizer.pt"))
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    with pytest.raises(UnsafeCheckpoint, match=r"optimizer\.pt' is not a plain weights file: .*_NotWeights"):
         checkpoint.load(path, *_objects(0.0))
     path = _save(tmp_path / "again", 2)
     torch.save({"base_lrs": [0.1], "payload": _NotWeights()}, os.path.join(path, "scheduler.pt"))
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    with pytest.raises(UnsafeCheckpoint, match=r"scheduler\.pt' is not a plain weights file: .*_NotWeights"):
         checkpoint.load(path, *_objects(0.0))
 
 
