@@ -16,7 +16,7 @@ from typing import List
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 from mmrl.sharding import gathered
 from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample

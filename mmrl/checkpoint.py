@@ -33,7 +33,7 @@ import shutil
 import numpy as np
 import torch
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 from mmrl.safe_load import UnsafeCheckpoint, load_pt
 
 PREFIX = "step_"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 

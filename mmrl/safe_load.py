@@ -17,7 +17,7 @@ import pickle
 
 import torch
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 
 
 class UnsafeCheckpoint(ConfigError):

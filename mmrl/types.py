@@ -13,7 +13,7 @@ from typing import Any, Iterable, Protocol, runtime_checkable
 
 import torch
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 
 
 @dataclass(frozen=True)
