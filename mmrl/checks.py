@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import TYPE_CHECKING
 
-from mmrl.config import Config, ConfigError
+from mmrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mmrl.config import Config
 
 RATIO_LEVELS = ("token", "sequence")          # algo.ratio_level
 REWARD_COMBINES = ("reward_sum", "advantage_sum")
@@ -44,6 +48,19 @@ def _registered(key: str, value: str, registry) -> None:
         raise ConfigError(str(e)) from None
 
 
+def check_policy_loss(algo) -> None:
+    """algo.policy_loss: a registered loss (its own check of the algo keys run here) or a user's function,
+    imported now (never called) so that a missing file or name fails at load."""
+    from mmrl.policy_losses import resolve
+
+    try:
+        entry = resolve(algo.policy_loss)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if entry.check is not None:
+        entry.check(algo)
+
+
 def check_algo(cfg: Config) -> None:
     from mmrl.advantages import ESTIMATORS
     from mmrl.credit import CREDITS
@@ -55,6 +72,7 @@ def check_algo(cfg: Config) -> None:
     _registered("algo.aggregation", a.aggregation, AGGREGATIONS)
     _registered("algo.filter", a.filter, FILTERS)
     _registered("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
+    check_policy_loss(a)
     one_of("algo.ratio_level", a.ratio_level, RATIO_LEVELS)
     one_of("algo.reward_combine", a.reward_combine, REWARD_COMBINES)
     within("algo.clip_low", a.clip_low, 0, 1, high_open=True)
@@ -81,7 +99,8 @@ def check_algo(cfg: Config) -> None:
 
 
 # policy-gradient options that have no meaning for the forward-process loss: key -> its value that is off
-_PG_ONLY = {"ratio_norm": False, "step_reweight": False, "entropy_coef": 0.0, "credit": "trajectory"}
+_PG_ONLY = {"ratio_norm": False, "step_reweight": False, "entropy_coef": 0.0, "credit": "trajectory",
+            "policy_loss": "ppo_clip"}
 
 
 def check_objective(cfg: Config) -> None:

@@ -15,9 +15,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-
-class ConfigError(ValueError):
-    """A user error in the configuration (the CLI prints it and exits with code 2)."""
+from mmrl.errors import ConfigError  # noqa: F401  (re-exported: `from mmrl.config import ConfigError` keeps working)
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,8 @@ class AlgoConfig:
     adv_eps: float = 1e-6                 # added to the std in the denominator
     adv_clip: Optional[float] = None      # clamp advantages to [-c, c] (Flow-GRPO uses 5)
     reward_combine: str = "reward_sum"    # reward_sum (weighted sum, one advantage) | advantage_sum (per reward)
-    clip_low: float = 0.2                 # eps_low of the ratio clip
+    policy_loss: str = "ppo_clip"         # ppo_clip | cispo, or 'module:fn' / 'path/to/file.py:fn' (mmrl/policy_losses)
+    clip_low: float = 0.2                 # eps_low of the ratio clip (cispo: of the importance weight)
     clip_high: float = 0.2                # eps_high (DAPO clip-higher: 0.28)
     dual_clip: Optional[float] = None     # dual-clip constant c for A < 0 (typically 3)
     ratio_level: str = "token"            # token | sequence (GSPO)
@@ -299,4 +298,17 @@ def describe_sections() -> str:
             lines.append(f"  {f.name}: {keys}")
         else:
             lines.append(f"  {f.name} (default {value!r})")
+    lines.append("valid names (from the registries):")
+    lines += [f"  {key}: {registry.valid()}" for key, registry in _registries().items()]
     return "\n".join(lines)
+
+
+def _registries() -> dict:
+    """Config key -> the registry that serves it (imported here: the registries' modules import this one)."""
+    from mmrl.advantages import ESTIMATORS
+    from mmrl.filtering import FILTERS
+    from mmrl.losses import AGGREGATIONS, KL_ESTIMATORS
+    from mmrl.policy_losses import POLICY_LOSSES
+
+    return {"algo.advantage": ESTIMATORS, "algo.policy_loss": POLICY_LOSSES, "algo.aggregation": AGGREGATIONS,
+            "algo.kl_estimator": KL_ESTIMATORS, "algo.filter": FILTERS}

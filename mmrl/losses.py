@@ -1,10 +1,8 @@
-"""Clipped policy-gradient surrogate, KL estimators and loss aggregation.
+"""The loss of a microbatch: the policy loss's surrogate (`mmrl.policy_losses`, algo.policy_loss), KL estimators,
+the entropy bonus and loss aggregation.
 
-Notation (PPO's clipped objective, arXiv 1707.06347 eq. 7, and GRPO's, arXiv 2402.03300 eq. 3):
-per action, logp = log pi_theta, old = log pi_old,
-ref = log pi_ref, A the sample's advantage, r = exp(logp - old) the ratio,
-eps_low / eps_high the clip range (DAPO's clip-higher when they differ), c the dual-clip
-constant. All tensors are [n, T] with `mask` [n, T] unless noted; math runs in fp32.
+Notation: per action, logp = log pi_theta, old = log pi_old, ref = log pi_ref, A the sample's advantage.
+All tensors are [n, T] with `mask` [n, T] unless noted; math runs in fp32.
 """
 
 from __future__ import annotations
@@ -13,8 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mmrl.guard import check_terms, ratio_norm
-from mmrl.reduce import maximum, weighted_mean
+from mmrl.guard import check_terms
+from mmrl.policy_losses import SurrogateInput, surrogate
+from mmrl.policy_losses.ppo_clip import clipped_surrogate  # noqa: F401  (its home is the ppo_clip entry)
+from mmrl.reduce import weighted_mean
 from mmrl.registry import Registry
 from mmrl.types import Scores
 
@@ -100,66 +100,9 @@ def kl_estimate(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.
     return KL_ESTIMATORS.resolve(estimator, "algo.kl_estimator")(logp.float(), ref.float())
 
 
-def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float,
-                      dual_clip: float | None = None, level: str = "token", norm: tuple | None = None):
-    """Per-action PPO/GRPO loss l = -min(r A, clip(r, 1-eps_low, 1+eps_high) A).
-
-    adv: [n] one advantage per sample, or [n, T] one per action (turn-level credit, `mmrl.credit`).
-    level "token": r per action; "sequence" (GSPO,
-    arXiv 2507.18071): s = exp(mean_t(logp - old)) over the mask, shared by the sequence.
-    dual_clip c: for A < 0, l = min(l, -c A).
-    norm (std, drift), each [n, T]: GRPO-Guard's RatioNorm (`mmrl.guard`), log r -> std * (log r + drift)
-    before anything else. Returns (l [n, T], metrics declared per token).
-    """
-    mask = mask.float()
-    log_r = logp.float() - old.float()                              # [n, T]
-    raw_log_r = log_r
-    if norm is not None:
-        log_r = ratio_norm(log_r, *norm)                            # [n, T]
-    if level == "sequence":
-        seq = (log_r * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)  # [n, 1]
-        log_r = seq.expand_as(log_r)                                # [n, T]
-    elif level != "token":
-        raise ValueError(f"unknown algo.ratio_level {level!r}; valid: token, sequence")
-    r = torch.exp(log_r)                                            # [n, T]
-    a = adv.float()[:, None].expand_as(r) if adv.dim() == 1 else adv.float()   # [n, T]
-    unclipped = -r * a
-    clipped = -r.clamp(1 - clip_low, 1 + clip_high) * a
-    l = torch.maximum(unclipped, clipped)                           # [n, T]
-    dual = torch.zeros_like(l, dtype=torch.bool)
-    if dual_clip is not None:
-        if dual_clip <= 1:
-            raise ValueError(f"algo.dual_clip must be > 1 (typically 3), got {dual_clip}")
-        bound = -dual_clip * a
-        dual = (a < 0) & (l > bound)
-        l = torch.where(a < 0, torch.minimum(l, bound), l)
-    m = mask.bool()
-    low = (r < 1 - clip_low) & (a < 0)
-    high = (r > 1 + clip_high) & (a > 0)
-    n_tok = mask.sum()
-    count = n_tok.clamp(min=1)
-
-    def per_token(x):                                               # a mean over this batch's actions
-        return weighted_mean(x, n_tok)
-
-    with torch.no_grad():
-        metrics = {
-            "clip_frac": per_token(((low | high) & m).sum() / count),
-            "clip_frac/low": per_token((low & m).sum() / count),
-            "clip_frac/high": per_token((high & m).sum() / count),
-            "clip_frac/dual": per_token((dual & m).sum() / count),
-            "approx_kl": per_token((((r - 1) - log_r) * mask).sum() / count),   # k3(old || new)
-            "ratio/mean": per_token((r * mask).sum() / count),
-            "ratio/max_abs_dev": maximum(((r - 1).abs() * mask).max()),
-        }
-        if norm is not None:                                        # the paper's diagnostics: raw ratio, drift
-            metrics["ratio/raw_mean"] = per_token((torch.exp(raw_log_r) * mask).sum() / count)
-            metrics["ratio_norm/drift"] = per_token((norm[1].detach().float() * mask).sum() / count)
-    return l, metrics
-
-
 @dataclass(frozen=True)
 class LossSpec:
+    policy_loss: str = "ppo_clip"   # a POLICY_LOSSES name or a 'module:fn' / 'file.py:fn' reference
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
@@ -174,7 +117,7 @@ class LossSpec:
 
 def policy_loss(scores: Scores, old, adv, mask, ref, spec: LossSpec, norm: Normalizer | None = None,
                 is_weight: torch.Tensor | None = None):
-    """Total loss of a microbatch: surrogate + beta * KL - entropy_coef * entropy,
+    """Total loss of a microbatch: the policy loss's surrogate + beta * KL - entropy_coef * entropy,
     aggregated with `spec.aggregation`. `ref` [n, T] may be None when beta == 0 or the
     adapter supplies `scores.kl`. With spec.ratio_norm / spec.step_reweight (GRPO-Guard,
     `mmrl.guard`) the ratio is RatioNorm's and each action's surrogate is multiplied by
@@ -182,9 +125,9 @@ def policy_loss(scores: Scores, old, adv, mask, ref, spec: LossSpec, norm: Norma
     rollout correction's importance weights (`mmrl.rollout_correction`). Returns (loss, metrics)."""
     check_terms(scores, spec.ratio_norm, spec.step_reweight)
     terms = (scores.step_std, scores.mean_drift) if spec.ratio_norm else None
-    l, metrics = clipped_surrogate(scores.log_probs, old, adv, mask, clip_low=spec.clip_low,
-                                   clip_high=spec.clip_high, dual_clip=spec.dual_clip,
-                                   level=spec.ratio_level, norm=terms)
+    a = adv.float()[:, None].expand(mask.shape) if adv.dim() == 1 else adv.float()   # [n, T]
+    inp = SurrogateInput(scores.log_probs.float(), old.float(), a, mask.float(), terms)
+    l, metrics = surrogate(spec.policy_loss, inp, spec)
     if spec.step_reweight:
         l = l * scores.step_weight.detach().float()                # [n, T] delta_t = 1 / dt
     if is_weight is not None:

@@ -23,7 +23,7 @@ class NonFiniteError(RuntimeError):
 
 
 def loss_spec(algo) -> LossSpec:
-    return LossSpec(clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+    return LossSpec(policy_loss=algo.policy_loss, clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
                     ratio_level=algo.ratio_level, aggregation=algo.aggregation, kl_beta=algo.kl_beta,
                     kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
                     ratio_norm=algo.ratio_norm, step_reweight=algo.step_reweight)

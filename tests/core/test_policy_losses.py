@@ -1,0 +1,124 @@
+"""The policy-loss registry (algo.policy_loss): CISPO's hand-computed table and gradients, its on-policy parity
+with PPO-clip, load-time checks that list the registry's names, and a user's loss from `file.py:fn` training
+the bandit. Ratios are built as logp = log(ratio), old = 0."""
+
+import math
+import subprocess
+
+import pytest
+import torch
+
+from helpers import read_metrics, run_bandit, train_rows
+from mmrl.config import ConfigError, load_config
+from mmrl.losses import LossSpec, aggregate, policy_loss
+from mmrl.policy_losses import POLICY_LOSSES, SurrogateInput, resolve, surrogate
+from mmrl.types import Scores
+from testkit import BANDIT, mmrl_cmd
+
+SPEC = LossSpec(policy_loss="cispo", clip_low=0.2, clip_high=0.28)
+
+
+def T(rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def _cispo(ratios, adv, mask=None, spec=SPEC):
+    logp = torch.log(T(ratios)).requires_grad_(True)
+    a = T(adv)[:, None].expand(logp.shape)
+    m = torch.ones_like(logp) if mask is None else T(mask)
+    l, metrics = surrogate("cispo", SurrogateInput(logp, torch.zeros_like(logp), a, m), spec)
+    return logp, l, metrics
+
+
+def test_cispo_table_weights_each_token_by_its_clipped_detached_ratio():
+    # w = clip(r, 0.8, 1.28), l = -w A log r
+    # row 0, A = +2: r 1.1 -> w 1.1, l = -2.2 log 1.1 = -0.209682; r 1.5 -> w 1.28 (clipped high), l = -2.56 log 1.5
+    #   = -1.037991; r 0.5 -> w 0.8 (clipped low), l = -1.6 log 0.5 = 1.109035; r 1.25 -> w 1.25, l = -0.557859
+    # row 1, A = -1: r 0.7 -> w 0.8, l = 0.8 log 0.7 = -0.285340; r 1.0 -> 0; r 1.4 -> w 1.28, l = 1.28 log 1.4 = 0.430684
+    logp, l, m = _cispo([[1.1, 1.5, 0.5, 1.25], [0.7, 1.0, 1.4, 1.0]], [2, -1], mask=[[1, 1, 1, 1], [1, 1, 1, 0]])
+    torch.testing.assert_close(l[0], T([-0.209682, -1.037991, 1.109035, -0.557859]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(l[1, :3], T([-0.285340, 0.0, 0.430684]), rtol=0, atol=1e-5)
+    # the gradient of each token is -w A: no token is dropped, clipped or not (PPO-clip gives 0 at r 1.5, A > 0)
+    l.sum().backward()
+    torch.testing.assert_close(logp.grad, T([[-2.2, -2.56, -1.6, -2.5], [0.8, 1.0, 1.28, 1.0]]), rtol=0, atol=1e-6)
+    # weights at a bound: row 0 r 1.5 and 0.5, row 1 r 0.7 and 1.4 -> 4 of 7 valid tokens
+    assert float(m["clip_frac"].value) == pytest.approx(4 / 7)
+    assert float(m["clip_frac/high"].value) == pytest.approx(2 / 7)
+    assert float(m["clip_frac/low"].value) == pytest.approx(2 / 7)
+
+
+def test_cispo_on_policy_has_the_ppo_clip_gradient_and_sequence_level_shares_a_weight():
+    torch.manual_seed(0)
+    logp0, adv, mask = torch.randn(3, 5), torch.randn(3, 5), torch.ones(3, 5)
+    grads = {}
+    for name in ("cispo", "ppo_clip"):
+        logp = logp0.clone().requires_grad_(True)
+        l, _ = surrogate(name, SurrogateInput(logp, logp0.clone(), adv, mask), LossSpec(policy_loss=name))
+        aggregate(l, mask, "token-mean").backward()
+        grads[name] = logp.grad
+    torch.testing.assert_close(grads["cispo"], grads["ppo_clip"], rtol=0, atol=0)
+    # sequence level: r = exp(mean_t log r) = exp((log 2 + 0) / 2) = sqrt 2 for both tokens -> w = min(1.414, 1.28)
+    logp, l, _ = _cispo([[2.0, 1.0]], [1], spec=LossSpec(policy_loss="cispo", clip_high=0.28, ratio_level="sequence"))
+    torch.testing.assert_close(l, T([[-1.28 * math.log(2.0), 0.0]]), rtol=0, atol=1e-6)
+
+
+def test_policy_loss_uses_the_configured_entry():
+    logp = torch.log(T([[1.5, 0.5]]))
+    scores = Scores(log_probs=logp)
+    spec = LossSpec(policy_loss="cispo", clip_low=0.2, clip_high=0.28)
+    loss, metrics = policy_loss(scores, torch.zeros(1, 2), T([2.0]), torch.ones(1, 2), None, spec)
+    assert float(loss) == pytest.approx((-2.56 * math.log(1.5) + 1.6 * math.log(2.0)) / 2, abs=1e-6)
+    assert "clip_frac" in metrics and "pg_loss" in metrics
+
+
+def test_the_registry_lists_its_entries_and_refuses_what_a_loss_cannot_honour(tmp_path):
+    assert {"ppo_clip", "cispo"} <= set(POLICY_LOSSES.names())
+    with pytest.raises(ConfigError, match=r"algo.policy_loss.*unknown policy loss 'ppo'; valid names: cispo, ppo_clip"):
+        load_config(BANDIT, [f"output_dir={tmp_path}", "algo.policy_loss=ppo"])
+    with pytest.raises(ConfigError, match=r"algo.dual_clip.*cispo clips the importance weight"):
+        load_config(BANDIT, [f"output_dir={tmp_path}", "algo.policy_loss=cispo", "algo.dual_clip=3"])
+    with pytest.raises(ConfigError, match=r"algo.policy_loss.*does not exist"):
+        load_config(BANDIT, [f"output_dir={tmp_path}", f"algo.policy_loss={tmp_path}/none.py:fn"])
+    (tmp_path / "notfn.py").write_text("LOSS = 3\n")
+    with pytest.raises(ValueError, match="is a int, not a function"):
+        resolve(f"{tmp_path}/notfn.py:LOSS")
+
+
+def test_the_cli_names_the_registry_on_a_bad_policy_loss(tmp_path):
+    done = subprocess.run(mmrl_cmd("train", BANDIT, f"output_dir={tmp_path}", "algo.policy_loss=nope"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "unknown policy loss 'nope'; valid names: cispo, ppo_clip" in done.stderr
+    assert "Traceback" not in done.stderr
+    shown = subprocess.run(mmrl_cmd("train", "--help"), capture_output=True, text=True, timeout=120).stdout
+    assert "algo.policy_loss: cispo, ppo_clip (or 'module:attr' / 'path/to/file.py:attr')" in shown
+
+
+USER_LOSS = '''
+import torch
+
+
+def reinforce(inp, spec):
+    """Plain REINFORCE: l = -A log pi (no ratio, no clip), with a metric of its own."""
+    l = -inp.adv * inp.logp
+    return l, {"my/adv_abs": (inp.adv.abs() * inp.mask).sum() / inp.mask.sum()}
+'''
+
+
+def test_a_users_loss_from_a_file_trains_the_bandit(tmp_path):
+    path = tmp_path / "my_loss.py"
+    path.write_text(USER_LOSS)
+    run_bandit(tmp_path / "run", f"algo.policy_loss={path}:reinforce", "max_steps=30", "train.update_epochs=1")
+    train = train_rows(tmp_path / "run")
+    assert all("my/adv_abs" in r and "clip_frac" not in r for r in train)
+    assert sum(r["reward/mean"] for r in train[:3]) / 3 < 0.35                 # chance is 1/8 per position
+    assert sum(r["reward/mean"] for r in train[-3:]) / 3 > 0.8
+    evals = [r["eval/reward/mean"] for r in read_metrics(tmp_path / "run") if "eval/reward/mean" in r]
+    assert evals[-1] > evals[0]
+
+
+def test_cispo_trains_the_bandit(tmp_path):
+    run_bandit(tmp_path, "algo.policy_loss=cispo", "algo.clip_low=0.99", "algo.clip_high=0.28")
+    train = train_rows(tmp_path)
+    assert sum(r["reward/mean"] for r in train[-3:]) / 3 > 0.85
+    assert all(r["ratio/first_max_abs_dev"] == 0.0 for r in train)          # on-policy ratio exactly 1
