@@ -1,19 +1,9 @@
-"""envs/ sits at the bottom of the house, beside rewards: it imports neither the core nor an adapter, and
-rewards never imports it."""
+"""The core loads no environment until a config names one (the layering itself, envs at the bottom beside
+rewards, is an import-linter contract: tests/test_import_contracts.py)."""
 
 import os
 
 from testkit import REPO, fresh_python as _run
-
-
-def test_envs_import_no_core_adapter_or_world():
-    _run("import sys, envs, envs.bandit, envs.frozenlake, envs.sokoban, envs.gym_adapter; "
-         "up = {m.split('.')[0] for m in sys.modules} & {'mmrl', 'vlm', 'diffusion', 'shapes_world'}; "
-         "assert not up, sorted(up)")
-
-
-def test_rewards_do_not_import_envs():
-    _run("import sys, rewards.builtin; assert 'envs' not in {m.split('.')[0] for m in sys.modules}")
 
 
 def test_the_core_imports_no_environment_until_a_config_names_one():
