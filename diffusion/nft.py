@@ -167,6 +167,6 @@ def validate_nft(cfg, algo) -> None:
     """What this policy section needs for algo.objective=nft (checked at load; the family once more at build)."""
     if declared_ddim(cfg.family, cfg.model):
         raise ddim_error(f"policy.family={cfg.family!r} (model {cfg.model!r})")
-    if algo.nft_timesteps > cfg.rollout_steps:
-        raise ConfigError(f"config key 'algo.nft_timesteps' must be <= policy.rollout_steps={cfg.rollout_steps} "
-                          f"(distinct steps of the rollout schedule per sample; 0 = all), got {algo.nft_timesteps}")
+    if algo.nft.timesteps > cfg.rollout_steps:
+        raise ConfigError(f"config key 'algo.nft.timesteps' must be <= policy.rollout_steps={cfg.rollout_steps} "
+                          f"(distinct steps of the rollout schedule per sample; 0 = all), got {algo.nft.timesteps}")

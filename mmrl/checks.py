@@ -12,6 +12,8 @@ import importlib.util
 import os
 from typing import TYPE_CHECKING
 
+from omegaconf import OmegaConf
+
 from mmrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -62,15 +64,14 @@ def check_policy_loss(algo) -> None:
 
 
 def check_algo(cfg: Config) -> None:
+    from mmrl import credit, filtering
     from mmrl.advantages import ESTIMATORS
-    from mmrl.credit import CREDITS
-    from mmrl.filtering import FILTERS
     from mmrl.losses import AGGREGATIONS, KL_ESTIMATORS
 
     a, g = cfg.algo, cfg.train.group_size
     _registered("algo.advantage", a.advantage, ESTIMATORS)
     _registered("algo.aggregation", a.aggregation, AGGREGATIONS)
-    _registered("algo.filter", a.filter, FILTERS)
+    filtering.check(a.filter)
     _registered("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
     check_policy_loss(a)
     one_of("algo.ratio_level", a.ratio_level, RATIO_LEVELS)
@@ -83,42 +84,33 @@ def check_algo(cfg: Config) -> None:
         raise ConfigError(f"config key 'algo.adv_clip' must be > 0 or null, got {a.adv_clip}")
     at_least("algo.adv_eps", a.adv_eps, 0)
     at_least("algo.kl_beta", a.kl_beta, 0)
-    within("algo.filter_keep_frac", a.filter_keep_frac, 0, 1, low_open=True)
-    at_least("algo.max_resample_rounds", a.max_resample_rounds, 0)
     if a.max_len_norm is not None:
         at_least("algo.max_len_norm", a.max_len_norm, 1)
-    one_of("algo.credit", a.credit, CREDITS)
-    within("algo.turn_gamma", a.turn_gamma, 0, 1)
-    at_least("algo.turn_weight", a.turn_weight, 0)
-    if a.credit != "trajectory" and cfg.env is None:
-        raise ConfigError(f"config key 'algo.credit' is {a.credit!r}, a turn-level credit for multi-turn episodes; "
-                          "it needs an env section (single-turn runs use algo.credit=trajectory)")
+    credit.check(a.credit, episodes=cfg.env is not None)
     if a.best_worst_k and not 1 <= a.best_worst_k <= g // 2:
         raise ConfigError(f"config key 'algo.best_worst_k' must be 0 (keep all) or between 1 and "
                           f"train.group_size/2 = {g // 2}, got {a.best_worst_k}")
 
 
 # policy-gradient options that have no meaning for the forward-process loss: key -> its value that is off
-_PG_ONLY = {"ratio_norm": False, "step_reweight": False, "entropy_coef": 0.0, "credit": "trajectory",
+_PG_ONLY = {"ratio_norm": False, "step_reweight": False, "entropy_coef": 0.0, "credit.name": "trajectory",
             "policy_loss": "ppo_clip"}
 
 
 def check_objective(cfg: Config) -> None:
     """algo.objective and the nft_* knobs (DiffusionNFT, `mmrl.nft`); the policy's own support is checked
     with the policy section (`check_policy`)."""
+    from mmrl import nft
+
     a = cfg.algo
     one_of("algo.objective", a.objective, OBJECTIVES)
     if a.objective != "nft":
         return
-    within("algo.nft_beta", a.nft_beta, 0, float("inf"), low_open=True)
-    within("algo.nft_adv_scale", a.nft_adv_scale, 0, float("inf"), low_open=True)
-    at_least("algo.nft_timesteps", a.nft_timesteps, 0, " (0 = every step of the rollout schedule)")
-    at_least("algo.nft_old_decay_rate", a.nft_old_decay_rate, 0)
-    within("algo.nft_old_decay_max", a.nft_old_decay_max, 0, 1, high_open=True)
-    at_least("algo.nft_old_decay_delay", a.nft_old_decay_delay, 0)
+    nft.check(a.nft)
     for key, off in _PG_ONLY.items():
-        if getattr(a, key) != off:
-            raise ConfigError(f"config key 'algo.{key}' is {getattr(a, key)!r}, an option of the policy gradient; "
+        value = OmegaConf.select(OmegaConf.structured(a), key)
+        if value != off:
+            raise ConfigError(f"config key 'algo.{key}' is {value!r}, an option of the policy gradient; "
                               f"algo.objective=nft trains a forward-process loss without per-action log-probs: set "
                               f"algo.{key}={off}, or algo.objective=pg")
 
@@ -183,24 +175,13 @@ def check_policy(cfg: Config) -> None:
 
 
 def check_rollout_correction(cfg: Config) -> None:
+    from mmrl import rollout_correction
     from mmrl.policies import validate_rollout_correction
-    from mmrl.rollout_correction import MODES
 
     a = cfg.algo
-    one_of("algo.rollout_correction", a.rollout_correction, MODES)
-    if a.rollout_correction == "none":
+    rollout_correction.check(a.rollout_correction)
+    if a.rollout_correction.mode == "none":
         return
-    for key in ("rollout_correction_max", "rollout_correction_min"):
-        value = getattr(a, key)
-        if value is not None and not value > 0:
-            raise ConfigError(f"config key 'algo.{key}' must be > 0 or null, got {value}")
-    if a.rollout_correction_max is not None and a.rollout_correction_min is not None \
-            and a.rollout_correction_min >= a.rollout_correction_max:
-        raise ConfigError(f"config key 'algo.rollout_correction_min' ({a.rollout_correction_min}) must be below "
-                          f"algo.rollout_correction_max ({a.rollout_correction_max})")
-    if a.rollout_correction_max is None and a.rollout_correction_min is None and a.rollout_correction.endswith("mask"):
-        raise ConfigError(f"config key 'algo.rollout_correction' is {a.rollout_correction} with neither "
-                          "algo.rollout_correction_max nor _min set: the mask would drop nothing")
     try:
         validate_rollout_correction(cfg.policy, a)
     except ValueError as e:

@@ -92,13 +92,13 @@ def _best_and_worst(rollout: Rollout, scores: torch.Tensor, weights: list, g: in
 def collect(run, step: int) -> StepBatch:
     cfg = run.cfg
     g, a = cfg.train.group_size, cfg.algo
-    keep_fn = FILTERS.resolve(a.filter, "algo.filter")
-    rounds = 1 + (a.max_resample_rounds if a.filter == "dynamic" else 0)
+    keep_fn = FILTERS.resolve(a.filter.name, "algo.filter.name")
+    rounds = 1 + (a.filter.max_resample_rounds if a.filter.name == "dynamic" else 0)
     kept_rollouts, kept_scores, first_metrics, n_kept = [], [], None, 0
     for rnd in range(rounds):
         rollout, scores, metrics = _round(run, step, rnd)
         total = weighted_total(scores, run.rewards.weights)              # [N]
-        keep = keep_fn(_groups(total, g), a.filter_keep_frac)            # [P]
+        keep = keep_fn(_groups(total, g), a.filter.keep_frac)            # [P]
         if first_metrics is None:
             first_metrics = declare_reward_metrics(metrics, scores, run.rewards.labels)
             valid = total[~torch.isnan(total)]                            # [M] scorable samples
@@ -112,7 +112,7 @@ def collect(run, step: int) -> StepBatch:
         kept_rollouts.append(select(rollout, idx))
         kept_scores.append(scores[idx])
         n_kept += int(keep.sum())
-        if a.filter != "dynamic":
+        if a.filter.name != "dynamic":
             break
         if all_reduce([float(n_kept >= run.prompts_per_process)], "min")[0] > 0:
             break
@@ -128,6 +128,6 @@ def collect(run, step: int) -> StepBatch:
     first_metrics.update({"filter/kept_groups": mean(n_common), "filter/rounds": mean(rnd + 1),
                           "adv/abs_mean": mean(float(adv.abs().mean()) if adv.numel() else 0.0)})
     per_action = None
-    if a.credit != "trajectory":                                         # turn-level credit (mmrl.credit)
+    if a.credit.name != "trajectory":                                    # turn-level credit (mmrl.credit)
         per_action = token_advantages(rollout.samples, adv, reward, g, rollout.mask.shape[1], a)   # [N, T]
     return StepBatch(rollout, scores, reward, adv, first_metrics, per_action)

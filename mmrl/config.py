@@ -15,7 +15,11 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from mmrl.credit import CreditConfig
 from mmrl.errors import ConfigError  # noqa: F401  (re-exported: `from mmrl.config import ConfigError` keeps working)
+from mmrl.filtering import FilterConfig
+from mmrl.nft import NFTConfig
+from mmrl.rollout_correction import RolloutCorrectionConfig
 
 
 @dataclass(frozen=True)
@@ -67,26 +71,14 @@ class AlgoConfig:
     kl_beta: float = 0.0                  # KL coefficient; 0 runs no reference forward at all (nft: times the velocity distance ||v_theta - v_ref||^2 / D)
     kl_estimator: str = "k3"              # k1 | k2 | k3 (ignored where the adapter computes an exact KL)
     entropy_coef: float = 0.0             # entropy bonus (needs an adapter that computes entropies)
-    filter: str = "none"                  # none | dynamic (DAPO) | starpo (keep the highest-spread groups)
-    filter_keep_frac: float = 0.5         # starpo: fraction of groups kept
-    max_resample_rounds: int = 3          # dynamic: extra rollout rounds to fill the step
+    filter: FilterConfig = field(default_factory=FilterConfig)   # name (none | dynamic | starpo), keep_frac, max_resample_rounds: mmrl/filtering.py
     best_worst_k: int = 0                 # keep the k best and k worst samples of each group (2k of G; DanceGRPO); 0 = all
-    credit: str = "trajectory"            # episodes (env section): trajectory (StarPO) | turn_index | state (GiGPO); mmrl/credit.py
-    turn_gamma: float = 1.0               # discount of the per-turn returns (turn_index / state credit)
-    turn_weight: float = 1.0              # weight of the turn-level advantage added to the trajectory's (GiGPO's omega)
+    credit: CreditConfig = field(default_factory=CreditConfig)   # episodes: name (trajectory | turn_index | state), gamma, weight: mmrl/credit.py
     ratio_norm: bool = False              # GRPO-Guard RatioNorm: log r -> s (log r + drift) per denoising step (mmrl/guard.py; diffusion only)
     step_reweight: bool = False           # GRPO-Guard gradient reweighting: each step's surrogate times 1/dt (flow-matching diffusion only)
     objective: str = "pg"                 # pg (policy gradient over per-action log-probs) | nft (DiffusionNFT's forward-process loss, mmrl/nft.py; diffusion only)
-    nft_beta: float = 1.0                 # nft: beta of the implicit policies v+- = v_old +- beta (v_theta - v_old); the loss is divided by it
-    nft_adv_scale: float = 5.0            # nft: Z of the optimality probability r = 1/2 + 1/2 clip(A / Z, -1, 1)
-    nft_adaptive_weight: bool = True      # nft: each branch's x0 error divided by its own mean |error| (official code)
-    nft_timesteps: int = 0                # nft: flow times per sample, distinct steps of the rollout schedule; 0 = all of them
-    nft_old_decay_rate: float = 0.001     # nft: sampling policy old <- eta old + (1 - eta) theta after training step k,
-    nft_old_decay_max: float = 0.5        #      eta = min(rate (k - delay), max), 0 before `delay` steps
-    nft_old_decay_delay: int = 0
-    rollout_correction: str = "none"      # none | token_truncate | token_mask | sequence_truncate | sequence_mask: importance weights pi_old / pi_engine when another engine (vLLM) sampled (mmrl/rollout_correction.py)
-    rollout_correction_max: Optional[float] = 2.0   # C_max of the weights' band (truncate: clip; mask: drop above); null = no upper bound
-    rollout_correction_min: Optional[float] = None  # C_min (truncate: clip; mask: drop below); null = no lower bound
+    nft: NFTConfig = field(default_factory=NFTConfig)  # objective nft: beta, adv_scale, adaptive_weight, timesteps, old_decay_*: mmrl/nft.py
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # mode, max, min: mmrl/rollout_correction.py
 
 
 @dataclass(frozen=True)
@@ -218,11 +210,55 @@ RENAMED = {
 }
 
 
+# flat algo keys that became keys of an algorithm's section (the section's fields live in its module)
+MOVED = {
+    **{f"algo.nft_{k}": f"algo.nft.{k}" for k in ("beta", "adv_scale", "adaptive_weight", "timesteps",
+                                                  "old_decay_rate", "old_decay_max", "old_decay_delay")},
+    "algo.rollout_correction_max": "algo.rollout_correction.max",
+    "algo.rollout_correction_min": "algo.rollout_correction.min",
+    "algo.filter_keep_frac": "algo.filter.keep_frac",
+    "algo.max_resample_rounds": "algo.filter.max_resample_rounds",
+    "algo.turn_gamma": "algo.credit.gamma",
+    "algo.turn_weight": "algo.credit.weight",
+}
+# keys that held a name and are now sections: the name moved into the section
+SECTIONS = {"algo.filter": "algo.filter.name", "algo.credit": "algo.credit.name",
+            "algo.rollout_correction": "algo.rollout_correction.mode"}
+
+
 def _check_renamed(layers) -> None:
     for old, (new, why) in RENAMED.items():
         for layer in layers:
             if OmegaConf.select(layer, old, default=_ABSENT) is not _ABSENT:
                 raise ConfigError(f"config key '{old}' was renamed to '{new}' ({why}); use {new}")
+    for layer in layers:
+        for old, new in MOVED.items():
+            if OmegaConf.select(layer, old, default=_ABSENT) is not _ABSENT:
+                raise ConfigError(f"config key '{old}' moved into its algorithm's section: use '{new}'")
+        for key, new in SECTIONS.items():
+            value = OmegaConf.select(layer, key, default=_ABSENT)
+            if value is not _ABSENT and not OmegaConf.is_dict(value):
+                raise ConfigError(f"config key '{key}' is a section now; its value {value!r} goes to '{new}' "
+                                  f"({new}={value})")
+
+
+def migrate(raw: dict) -> dict:
+    """A run's saved config (a plain dict) written before the algorithm sections were nested -> today's keys;
+    what resume and export read from a run directory (a user's own config gets the errors above instead)."""
+    algo = dict(raw.get("algo") or {})
+    for old, new in MOVED.items():
+        name = old.removeprefix("algo.")
+        if name in algo:
+            section, key = new.removeprefix("algo.").split(".")
+            algo.setdefault(section, {})
+            if not isinstance(algo[section], dict):
+                algo[section] = {SECTIONS[f"algo.{section}"].rsplit(".", 1)[1]: algo[section]}
+            algo[section][key] = algo.pop(name)
+    for key, new in SECTIONS.items():
+        name = key.removeprefix("algo.")
+        if name in algo and not isinstance(algo[name], dict):
+            algo[name] = {new.rsplit(".", 1)[1]: algo[name]}
+    return {**raw, "algo": algo} if "algo" in raw else raw
 
 
 _ABSENT = object()
@@ -252,13 +288,17 @@ def _env_section(raw) -> "EnvConfig | None":
     return dataclasses.replace(env, kwargs={**nested, **{k: v for k, v in plain.items() if k not in ENV_KEYS}})
 
 
-def load_config(path: str | None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | None, overrides: list[str] = (), *, saved: bool = False) -> Config:
     """YAML file + `key=value` overrides -> a frozen `Config`, checked in full (`mmrl.checks`)
-    before anything is built."""
+    before anything is built. `saved`: the file is a run's own config.yaml, which may predate today's keys
+    (`migrate`)."""
     from mmrl.checks import check_all
     from mmrl.policies import policy_config_class
 
-    layers = ([_read_yaml(path)] if path else []) + [_parse_overrides(list(overrides))]
+    file_layer = _read_yaml(path) if path else None
+    if saved and file_layer is not None:
+        file_layer = OmegaConf.create(migrate(OmegaConf.to_container(file_layer)))
+    layers = ([file_layer] if file_layer is not None else []) + [_parse_overrides(list(overrides))]
     _check_renamed(layers)
     merged = _merge(Config, *layers)
     policy_raw = merged.policy
@@ -294,13 +334,21 @@ def describe_sections() -> str:
     for f in dataclasses.fields(Config):
         value = getattr(defaults, f.name)
         if dataclasses.is_dataclass(value):
-            keys = ", ".join(f"{g.name}={getattr(value, g.name)!r}" for g in dataclasses.fields(value))
-            lines.append(f"  {f.name}: {keys}")
+            lines.append(f"  {f.name}: {_keys(value)}")
         else:
             lines.append(f"  {f.name} (default {value!r})")
     lines.append("valid names (from the registries):")
     lines += [f"  {key}: {registry.valid()}" for key, registry in _registries().items()]
     return "\n".join(lines)
+
+
+def _keys(section) -> str:
+    """`key=default, ...` of a section, a nested section as `name.{key=default, ...}`."""
+    parts = []
+    for g in dataclasses.fields(section):
+        value = getattr(section, g.name)
+        parts.append(f"{g.name}.{{{_keys(value)}}}" if dataclasses.is_dataclass(value) else f"{g.name}={value!r}")
+    return ", ".join(parts)
 
 
 def _registries() -> dict:
@@ -311,4 +359,4 @@ def _registries() -> dict:
     from mmrl.policy_losses import POLICY_LOSSES
 
     return {"algo.advantage": ESTIMATORS, "algo.policy_loss": POLICY_LOSSES, "algo.aggregation": AGGREGATIONS,
-            "algo.kl_estimator": KL_ESTIMATORS, "algo.filter": FILTERS}
+            "algo.kl_estimator": KL_ESTIMATORS, "algo.filter.name": FILTERS}

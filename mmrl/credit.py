@@ -1,4 +1,4 @@
-"""Credit assignment for multi-turn episodes (`algo.credit`): one advantage per trajectory, or per turn.
+"""Credit assignment for multi-turn episodes (the `algo.credit` section): one advantage per trajectory, or per turn.
 
 Notation: a group of G trajectories from one environment seed; trajectory i has turns k = 0..K_i-1 with
 environment rewards r_{i,k} (an unparseable action at env.invalid_action_reward) and reply tokens in
@@ -12,17 +12,42 @@ consecutive action columns. A_i is the usual group advantage of the trajectory's
 - `state` (GiGPO, verl-agent, arXiv 2505.10978): the same, but turns are grouped by the observation
   they answered (anchor states: equal observation keys, whatever the turn index), so a repeated state
   compares the actions taken from it.
-w is `algo.turn_weight` (GiGPO's omega), gamma `algo.turn_gamma`. An unscorable trajectory (NaN
+w is `algo.credit.weight` (GiGPO's omega), gamma `algo.credit.gamma`. An unscorable trajectory (NaN
 reward) gets 0 everywhere, as in the trajectory advantages, and takes no part in the turn statistics.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from mmrl.episodes import EpisodeMeta
+from mmrl.errors import ConfigError
 
 CREDITS = ("trajectory", "turn_index", "state")
+
+
+@dataclass(frozen=True)
+class CreditConfig:
+    """The `algo.credit` section (episodes)."""
+
+    name: str = "trajectory"              # trajectory (StarPO) | turn_index | state (GiGPO)
+    gamma: float = 1.0                    # discount of the per-turn returns (turn_index / state)
+    weight: float = 1.0                   # weight of the turn-level advantage added to the trajectory's (GiGPO's omega)
+
+
+def check(section: CreditConfig, episodes: bool) -> None:
+    """Load-time checks of `algo.credit`; `episodes`: whether the run has an env section."""
+    if section.name not in CREDITS:
+        raise ConfigError(f"config key 'algo.credit.name' must be one of {', '.join(CREDITS)}; got {section.name!r}")
+    if not 0 <= section.gamma <= 1:
+        raise ConfigError(f"config key 'algo.credit.gamma' must be in [0, 1], got {section.gamma}")
+    if section.weight < 0:
+        raise ConfigError(f"config key 'algo.credit.weight' must be >= 0, got {section.weight}")
+    if section.name != "trajectory" and not episodes:
+        raise ConfigError(f"config key 'algo.credit.name' is {section.name!r}, a turn-level credit for multi-turn "
+                          "episodes; it needs an env section (single-turn runs use algo.credit.name=trajectory)")
 
 
 def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
@@ -70,19 +95,20 @@ def _step_advantages(metas: list[dict], valid: list[bool], mode: str, gamma: flo
 
 def token_advantages(samples: list, adv: torch.Tensor, reward: torch.Tensor, group_size: int, width: int,
                      algo) -> torch.Tensor:
-    """Advantages [N, width] of each action column under `algo.credit` (module docstring).
+    """Advantages [N, width] of each action column under `algo.credit.name` (module docstring).
     adv: [N] the trajectory advantages A_i; reward: [N] the combined rewards (NaN = unscorable)."""
     n = len(samples)
     out = adv.float()[:, None].expand(n, width).clone()                        # [N, T] trajectory level
-    if algo.credit == "trajectory":
+    credit = algo.credit
+    if credit.name == "trajectory":
         return out
     for lo in range(0, n, group_size):
         metas = [s.meta for s in samples[lo:lo + group_size]]
         valid = [not bool(torch.isnan(reward[lo + i])) for i in range(len(metas))]
-        steps = _step_advantages(metas, valid, algo.credit, algo.turn_gamma, algo.adv_eps)
+        steps = _step_advantages(metas, valid, credit.name, credit.gamma, algo.adv_eps)
         for i, (m, a_s) in enumerate(zip(metas, steps)):
             row, col = lo + i, 0
             for tokens, a in zip(m[EpisodeMeta.TURN_TOKENS], a_s):
-                out[row, col:col + tokens] += algo.turn_weight * a
+                out[row, col:col + tokens] += credit.weight * a
                 col += tokens
     return out

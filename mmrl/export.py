@@ -137,7 +137,7 @@ def export(source: str, out_dir: str, *, ema: bool = False) -> str:
     _check_out_dir(out_dir)
     src = resolve_source(source)
     check_weights(src.checkpoint_dir, ema)                              # fail before building the model
-    cfg = load_config(src.config_path, [])
+    cfg = load_config(src.config_path, [], saved=True)
     policy = build_cpu_policy(cfg)
     load_weights(src.checkpoint_dir, policy, ema)
     tmp = f"{out_dir}.tmp-{os.getpid()}"

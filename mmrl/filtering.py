@@ -6,13 +6,37 @@ Both take the combined rewards r [P, G] (NaN = unscorable) and return keep [P] (
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from mmrl.advantages import group_stats
+from mmrl.errors import ConfigError
 from mmrl.registry import Registry
 
 FILTERS: Registry = Registry("group filter")
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """The `algo.filter` section."""
+
+    name: str = "none"                    # none | dynamic (DAPO) | starpo (keep the highest-spread groups)
+    keep_frac: float = 0.5                # starpo: fraction of groups kept
+    max_resample_rounds: int = 3          # dynamic: extra rollout rounds to fill the step
+
+
+def check(section: FilterConfig) -> None:
+    """Load-time checks of `algo.filter` (ConfigError naming the key)."""
+    try:
+        FILTERS.check(section.name, "algo.filter.name")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not 0 < section.keep_frac <= 1:
+        raise ConfigError(f"config key 'algo.filter.keep_frac' must be in (0, 1], got {section.keep_frac}")
+    if section.max_resample_rounds < 0:
+        raise ConfigError(f"config key 'algo.filter.max_resample_rounds' must be >= 0, "
+                          f"got {section.max_resample_rounds}")
 
 
 def group_spread(r: torch.Tensor) -> torch.Tensor:
@@ -37,7 +61,7 @@ def top_spread(r: torch.Tensor, keep_frac: float = 0.5) -> torch.Tensor:
     """StarPO-S uncertainty filtering (RAGEN, arXiv 2504.20073): keep the fraction
     `keep_frac` of groups with the highest reward std (at least one; ties by index)."""
     if not 0 < keep_frac <= 1:
-        raise ValueError(f"algo.filter_keep_frac must be in (0, 1], got {keep_frac}")
+        raise ValueError(f"algo.filter.keep_frac must be in (0, 1], got {keep_frac}")
     p = r.shape[0]
     k = max(1, math.ceil(keep_frac * p - 1e-9))
     order = torch.sort(group_spread(r), descending=True, stable=True).indices  # [P]

@@ -7,12 +7,12 @@ runs its model and calls `nft_loss` with the velocities.
 
 Notation (paper -> variable), per sample x0 with prompt c:
     A                    adv        the group-normalised advantage (mmrl.advantages)
-    Z                    scale      algo.nft_adv_scale: r = 1/2 + 1/2 clip(A / Z, -1, 1) (the paper's
+    Z                    scale      algo.nft.adv_scale: r = 1/2 + 1/2 clip(A / Z, -1, 1) (the paper's
                                     optimality probability; the official code's Z is its advantage clip, 5)
     t, eps               t          a flow time and N(0, I) noise; x_t = (1 - t) x0 + t eps
     v                    v_target   eps - x0, the flow-matching target
     v_old, v_theta       v_old, v_theta   the sampling ("old") policy's velocity (no grad), the trained one's
-    beta                 beta       algo.nft_beta
+    beta                 beta       algo.nft.beta
     v+ = (1 - beta) v_old + beta v_theta      the implicit positive policy
     v- = (1 + beta) v_old - beta v_theta      the implicit negative policy
     L = [r ||v+ - v||^2 + (1 - r) ||v- - v||^2] / beta      ||.||^2 the mean over the D dims
@@ -38,18 +38,48 @@ from dataclasses import dataclass
 
 import torch
 
+from mmrl.errors import ConfigError
 from mmrl.reduce import Metric, mean, weighted_mean
 
 ADAPTIVE_FLOOR = 1e-5   # the official code's clip of the adaptive weight's denominator
 
 
 @dataclass(frozen=True)
+class NFTConfig:
+    """The `algo.nft` section (algo.objective=nft)."""
+
+    beta: float = 1.0                     # beta of the implicit policies v+- = v_old +- beta (v_theta - v_old); the loss is divided by it
+    adv_scale: float = 5.0                # Z of the optimality probability r = 1/2 + 1/2 clip(A / Z, -1, 1)
+    adaptive_weight: bool = True          # each branch's x0 error divided by its own mean |error| (official code)
+    timesteps: int = 0                    # flow times per sample, distinct steps of the rollout schedule; 0 = all of them
+    old_decay_rate: float = 0.001         # sampling policy old <- eta old + (1 - eta) theta after training step k,
+    old_decay_max: float = 0.5            #   eta = min(rate (k - delay), max), 0 before `delay` steps
+    old_decay_delay: int = 0
+
+
+def check(section: NFTConfig) -> None:
+    """Load-time checks of `algo.nft` (run when algo.objective=nft)."""
+    positive = {"beta": section.beta, "adv_scale": section.adv_scale}
+    for key, value in positive.items():
+        if not value > 0:
+            raise ConfigError(f"config key 'algo.nft.{key}' must be > 0, got {value}")
+    at_least = {"timesteps": section.timesteps, "old_decay_rate": section.old_decay_rate,
+                "old_decay_delay": section.old_decay_delay}
+    for key, value in at_least.items():
+        if value < 0:
+            note = " (0 = every step of the rollout schedule)" if key == "timesteps" else ""
+            raise ConfigError(f"config key 'algo.nft.{key}' must be >= 0{note}, got {value}")
+    if not 0 <= section.old_decay_max < 1:
+        raise ConfigError(f"config key 'algo.nft.old_decay_max' must be in [0, 1), got {section.old_decay_max}")
+
+
+@dataclass(frozen=True)
 class NFTSpec:
     """What `Policy.forward_process_loss` needs besides the samples and their r.
 
-    beta:            algo.nft_beta
-    adaptive_weight: algo.nft_adaptive_weight (the x0-error self-normalised weighting)
-    timesteps:       algo.nft_timesteps, flow times per sample (0 = every step of the rollout schedule)
+    beta:            algo.nft.beta
+    adaptive_weight: algo.nft.adaptive_weight (the x0-error self-normalised weighting)
+    timesteps:       algo.nft.timesteps, flow times per sample (0 = every step of the rollout schedule)
     kl:              whether to return `ForwardLoss.kl`, the velocity distance to the reference model
     draw:            the update epoch: the adapter seeds each sample's t and eps from its rollout seed and
                      `draw`, so an epoch's noise is reproducible on any number of processes
@@ -111,10 +141,10 @@ def forward_process_objective(run, batch):
     """The microbatch loss of `mmrl.update` for algo.objective=nft: r from the advantages, the adapter's
     per-sample loss (+ kl_beta * its KL), summed over the microbatch / the optimizer step's samples."""
     a, ro = run.cfg.algo, batch.rollout
-    r = optimality(batch.advantages, a.nft_adv_scale)                         # [N]
+    r = optimality(batch.advantages, a.nft.adv_scale)                         # [N]
 
     def loss_of(idx: torch.Tensor, epoch: int, norm):
-        spec = NFTSpec(beta=a.nft_beta, adaptive_weight=a.nft_adaptive_weight, timesteps=a.nft_timesteps,
+        spec = NFTSpec(beta=a.nft.beta, adaptive_weight=a.nft.adaptive_weight, timesteps=a.nft.timesteps,
                        kl=a.kl_beta != 0, draw=epoch)
         out = run.policy.forward_process_loss(ro, idx, r[idx], spec)
         per_sample = out.loss.float()                                         # [n]
@@ -134,7 +164,7 @@ def forward_process_objective(run, batch):
 
 def update_old_policy(run, step: int) -> dict[str, Metric]:
     """After training step `step` (0-based): old <- eta old + (1 - eta) theta in the adapter."""
-    a = run.cfg.algo
-    eta = old_decay(step + 1, a.nft_old_decay_rate, a.nft_old_decay_max, a.nft_old_decay_delay)
+    n = run.cfg.algo.nft
+    eta = old_decay(step + 1, n.old_decay_rate, n.old_decay_max, n.old_decay_delay)
     run.policy.update_old(eta)
     return {"nft/old_decay": mean(eta)}

@@ -116,8 +116,8 @@ def validate_rollout_correction(cfg, algo) -> None:
     which algo.rollout_correction needs (`Rollout.engine_log_probs`)."""
     check = getattr(adapter(cfg.name), "validate_rollout_correction", None)
     if check is None:
-        raise ValueError(f"config key 'algo.rollout_correction': policy {cfg.name!r} samples with the forward it "
-                         "trains, so there is no engine mismatch to correct; set algo.rollout_correction=none")
+        raise ValueError(f"config key 'algo.rollout_correction.mode': policy {cfg.name!r} samples with the forward "
+                         "it trains, so there is no engine mismatch to correct; set algo.rollout_correction.mode=none")
     check(cfg, algo)
 
 

@@ -21,7 +21,7 @@ import os
 
 from omegaconf import OmegaConf
 
-from mmrl.config import Config, ConfigError, to_yaml
+from mmrl.config import Config, ConfigError, migrate, to_yaml
 
 SAFE = ("max_steps", "resume", "output_dir", "logging", "checkpoint", "eval", "distributed",
         "optim.max_nonfinite_in_a_row")
@@ -61,7 +61,7 @@ def check_unchanged(checkpoint_path: str, cfg: Config) -> None:
     if saved_path is None:
         return
     try:
-        saved = OmegaConf.to_container(OmegaConf.load(saved_path), resolve=True)
+        saved = migrate(OmegaConf.to_container(OmegaConf.load(saved_path), resolve=True))
     except Exception as e:  # a hand-edited or truncated file
         raise ConfigError(f"cannot read {saved_path!r}, the config of the run being resumed: {e}") from None
     new = OmegaConf.to_container(OmegaConf.create(to_yaml(cfg)), resolve=True)

@@ -1,4 +1,4 @@
-"""Rollout-training mismatch correction (`algo.rollout_correction`): importance weights between the
+"""Rollout-training mismatch correction (the `algo.rollout_correction` section): importance weights between the
 engine that sampled a rollout (vLLM: other kernels, other precision, weights pushed a step ago) and the
 trainer's own forward, which the policy gradient assumes sampled it.
 
@@ -9,7 +9,7 @@ engine's (`Rollout.engine_log_probs`), the raw weight is
     sequence level:  rho   = prod_t rho_t = exp(sum_t (log pi_old - log pi_roll))  per sample  [n, 1]
 
 and the weight that multiplies each action's surrogate (not the KL or entropy terms) is, with the band
-[C_min, C_max] (`rollout_correction_min`, `rollout_correction_max`):
+[C_min, C_max] (`algo.rollout_correction.min`, `.max`):
 
     *_truncate (TIS, Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
                 training"):           w = clamp(rho, C_min, C_max)
@@ -25,10 +25,42 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
+from mmrl.errors import ConfigError
+
 MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """The `algo.rollout_correction` section: importance weights pi_old / pi_engine when another engine (vLLM)
+    sampled."""
+
+    mode: str = "none"                    # none | token_truncate | token_mask | sequence_truncate | sequence_mask
+    max: Optional[float] = 2.0            # C_max of the weights' band (truncate: clip; mask: drop above); null = no upper bound
+    min: Optional[float] = None           # C_min (truncate: clip; mask: drop below); null = no lower bound
+
+
+def check(section: RolloutCorrectionConfig) -> None:
+    """Load-time checks of `algo.rollout_correction` (the policy's own support is checked with the policy)."""
+    if section.mode not in MODES:
+        raise ConfigError(f"config key 'algo.rollout_correction.mode' must be one of {', '.join(MODES)}; "
+                          f"got {section.mode!r}")
+    if section.mode == "none":
+        return
+    for key in ("max", "min"):
+        value = getattr(section, key)
+        if value is not None and not value > 0:
+            raise ConfigError(f"config key 'algo.rollout_correction.{key}' must be > 0 or null, got {value}")
+    if section.max is not None and section.min is not None and section.min >= section.max:
+        raise ConfigError(f"config key 'algo.rollout_correction.min' ({section.min}) must be below "
+                          f"algo.rollout_correction.max ({section.max})")
+    if section.max is None and section.min is None and section.mode.endswith("mask"):
+        raise ConfigError(f"config key 'algo.rollout_correction.mode' is {section.mode} with neither "
+                          "algo.rollout_correction.max nor .min set: the mask would drop nothing")
 
 
 @dataclass(frozen=True)

@@ -91,8 +91,9 @@ def _pg_objective(run, ro, adv, single_pass: bool):
     old_all = _old_log_probs(run, ro, single_pass)                             # [N, T] or None
 
     algo = run.cfg.algo
-    if algo.rollout_correction != "none" and ro.engine_log_probs is None:
-        raise ValueError(f"algo.rollout_correction={algo.rollout_correction} needs the sampling engine's log-probs, "
+    if algo.rollout_correction.mode != "none" and ro.engine_log_probs is None:
+        raise ValueError(f"algo.rollout_correction.mode={algo.rollout_correction.mode} needs the sampling engine's "
+                         "log-probs, "
                          "but this rollout has none (policy.backend=vllm records them)")
 
     def loss_of(idx: torch.Tensor, epoch: int, norm: Normalizer):
@@ -118,10 +119,10 @@ def _engine_correction(ro, idx: torch.Tensor, old: torch.Tensor, algo) -> tuple[
     n_tok = maskf.sum()
     diff = torch.nan_to_num((old.float() - engine.float()).abs() * maskf, nan=0.0)
     metrics = {"rollout/logprob_abs_diff": weighted_mean(diff.sum() / n_tok.clamp(min=1), n_tok)}
-    if algo.rollout_correction == "none":
+    rc = algo.rollout_correction
+    if rc.mode == "none":
         return None, metrics
-    c = correction_weights(old, engine, mask, algo.rollout_correction, algo.rollout_correction_max,
-                           algo.rollout_correction_min)
+    c = correction_weights(old, engine, mask, rc.mode, rc.max, rc.min)
     metrics["rollout/is_weight_mean"] = weighted_mean(c.weight.sum() / n_tok.clamp(min=1), n_tok)
     metrics["rollout/is_outside_frac"] = weighted_mean(c.outside.float().sum() / n_tok.clamp(min=1), n_tok)
     return c.weight, metrics

@@ -342,9 +342,9 @@ def validate(cfg: Config) -> None:
 def validate_rollout_correction(cfg: Config, algo) -> None:
     """algo.rollout_correction weighs vLLM's samples by pi_trainer / pi_vllm: it needs backend vllm."""
     if cfg.backend != "vllm":
-        raise ValueError(f"config key 'algo.rollout_correction' is {algo.rollout_correction}, but policy.backend is "
-                         f"{cfg.backend!r}: HF generate samples with the trained forward itself (no mismatch); use "
-                         "policy.backend=vllm, or algo.rollout_correction=none")
+        raise ValueError(f"config key 'algo.rollout_correction.mode' is {algo.rollout_correction.mode}, but "
+                         f"policy.backend is {cfg.backend!r}: HF generate samples with the trained forward itself (no "
+                         "mismatch); use policy.backend=vllm, or algo.rollout_correction.mode=none")
 
 
 def validate_episodes(cfg: Config, env) -> None:

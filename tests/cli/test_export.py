@@ -162,7 +162,7 @@ def test_diffusion_nft_exports_the_trained_weights_not_the_old_copy(tmp_path_fac
     from diffusers import SD3Transformer2DModel
 
     run = _run(tmp_path_factory, "sd3_nft", SD3, *FAST_SD3, "policy.lora.rank=0", "algo.objective=nft",
-               "algo.nft_timesteps=2", "algo.nft_old_decay_rate=0.25")
+               "algo.nft.timesteps=2", "algo.nft.old_decay_rate=0.25")
     assert _export(run, tmp_path / "export") == 0
     got = SD3Transformer2DModel.from_pretrained(str(tmp_path / "export")).state_dict()
     trained, old = _checkpoint(run), _checkpoint(run, "policy.nft_old.safetensors")

@@ -8,9 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from mmrl.cli import main
-from mmrl.config import ConfigError, load_config
+from mmrl.config import MOVED, SECTIONS, ConfigError, load_config, migrate
+from mmrl.filtering import FilterConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BANDIT = os.path.join(REPO, "configs", "tiny", "bandit.yaml")
@@ -23,7 +25,7 @@ ENUMERATED = [
     ("algo.aggregation=tokenmean", "algo.aggregation", "token-mean"),
     ("algo.ratio_level=seq", "algo.ratio_level", "sequence"),
     ("algo.reward_combine=sum", "algo.reward_combine", "advantage_sum"),
-    ("algo.filter=topk", "algo.filter", "starpo"),
+    ("algo.filter.name=topk", "algo.filter.name", "starpo"),
     ("algo.kl_estimator=k4", "algo.kl_estimator", "k3"),
     ("optim.schedule=exponential", "optim.schedule", "cosine"),
     ("precision=fp64", "precision", "bf16"),
@@ -62,8 +64,8 @@ def test_cli_subprocess_acceptance_case(tmp_path):
 
 
 @pytest.mark.parametrize("override,key", [
-    ("algo.filter_keep_frac=0", "algo.filter_keep_frac"),
-    ("algo.filter_keep_frac=1.5", "algo.filter_keep_frac"),
+    ("algo.filter.keep_frac=0", "algo.filter.keep_frac"),
+    ("algo.filter.keep_frac=1.5", "algo.filter.keep_frac"),
     ("algo.clip_low=1.0", "algo.clip_low"),
     ("algo.clip_low=-0.1", "algo.clip_low"),
     ("algo.clip_high=-0.2", "algo.clip_high"),
@@ -92,7 +94,7 @@ def test_numeric_ranges(override, key):
 
 
 def test_valid_edges_load():
-    cfg = load_config(BANDIT, ["algo.filter_keep_frac=1.0", "algo.clip_low=0", "algo.best_worst_k=4",
+    cfg = load_config(BANDIT, ["algo.filter.keep_frac=1.0", "algo.clip_low=0", "algo.best_worst_k=4",
                                "algo.dual_clip=3", "train.group_size=2", "algo.best_worst_k=1"])
     assert cfg.algo.best_worst_k == 1 and cfg.train.group_size == 2
 
@@ -100,6 +102,60 @@ def test_valid_edges_load():
 def test_renamed_key_names_the_new_one():
     msg = _error(BANDIT, "algo.best_of_n=2")
     assert "'algo.best_of_n'" in msg and "algo.best_worst_k" in msg
+
+
+@pytest.mark.parametrize("old,new", sorted(MOVED.items()))
+def test_every_flat_algo_key_names_its_section_key(old, new):
+    msg = _error(BANDIT, f"{old}=1")
+    assert f"'{old}'" in msg and f"'{new}'" in msg
+
+
+@pytest.mark.parametrize("key,value", [("algo.filter", "starpo"), ("algo.credit", "state"),
+                                       ("algo.rollout_correction", "token_truncate")])
+def test_a_name_given_where_a_section_now_is_names_the_section_key(key, value):
+    msg = _error(BANDIT, f"{key}={value}")
+    assert f"'{key}' is a section now" in msg and f"{SECTIONS[key]}={value}" in msg
+
+
+def test_the_cli_exits_2_naming_the_new_key(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "mmrl", "train", os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml"),
+                        f"output_dir={tmp_path}", "algo.nft_beta=1"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "'algo.nft_beta' moved into its algorithm's section: use 'algo.nft.beta'" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_a_saved_config_of_the_flat_form_is_migrated():
+    saved = {"seed": 1, "algo": {"filter": "starpo", "filter_keep_frac": 0.25, "credit": "state", "turn_gamma": 0.9,
+                                 "nft_beta": 2.0, "rollout_correction": "token_mask", "rollout_correction_min": 0.5,
+                                 "max_resample_rounds": 1, "kl_beta": 0.0}}
+    assert migrate(saved) == {"seed": 1, "algo": {
+        "filter": {"name": "starpo", "keep_frac": 0.25, "max_resample_rounds": 1},
+        "credit": {"name": "state", "gamma": 0.9}, "nft": {"beta": 2.0},
+        "rollout_correction": {"mode": "token_mask", "min": 0.5}, "kl_beta": 0.0}}
+    assert migrate({"seed": 1}) == {"seed": 1}
+
+
+def test_a_run_saved_with_flat_keys_resumes_and_its_config_loads_for_export(tmp_path):
+    """A run written before the sections were nested: its config.yaml holds the flat keys."""
+    run = tmp_path / "run"
+    common = [f"output_dir={run}", "checkpoint.every=2", "eval.every=0", "algo.filter.name=starpo",
+              "algo.filter.keep_frac=0.5"]
+    p = subprocess.run([sys.executable, "-m", "mmrl", "train", BANDIT, "max_steps=2", *common],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    section = saved["algo"].pop("filter")
+    assert section == {"name": "starpo", "keep_frac": 0.5, "max_resample_rounds": 3}
+    saved["algo"].update(filter="starpo", filter_keep_frac=0.5, max_resample_rounds=3)     # the flat form
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    p = subprocess.run([sys.executable, "-m", "mmrl", "train", BANDIT, "max_steps=4", "resume=auto", *common],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "step 4" in p.stderr + p.stdout or (run / "checkpoints" / "step_000004").is_dir()
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))                               # what export reads
+    cfg = load_config(str(run / "config.yaml"), [], saved=True)
+    assert cfg.algo.filter == FilterConfig(name="starpo", keep_frac=0.5, max_resample_rounds=3)
 
 
 def test_renamed_key_in_a_yaml_file(tmp_path):

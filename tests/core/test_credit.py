@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmrl.config import ConfigError, load_config
-from mmrl.credit import discounted_returns, normalised_within, token_advantages
+from mmrl.credit import CreditConfig, discounted_returns, normalised_within, token_advantages
 from rewards.sample import Sample
 from testkit import REPO
 
@@ -20,7 +20,7 @@ def episode(rewards, tokens, states=None):
 
 
 def algo(credit, gamma=1.0, weight=1.0):
-    return SimpleNamespace(credit=credit, turn_gamma=gamma, turn_weight=weight, adv_eps=0.0)
+    return SimpleNamespace(credit=CreditConfig(credit, gamma, weight), adv_eps=0.0)
 
 
 def test_discounted_returns_table():
@@ -77,7 +77,7 @@ def test_an_unscorable_trajectory_gets_no_turn_credit():
 
 def test_turn_credit_needs_an_env_section():
     with pytest.raises(ConfigError, match=r"algo\.credit.*needs an env section"):
-        load_config(f"{REPO}/configs/tiny/vlm_tiny.yaml", ["algo.credit=turn_index"])
+        load_config(f"{REPO}/configs/tiny/vlm_tiny.yaml", ["algo.credit.name=turn_index"])
     with pytest.raises(ConfigError, match=r"algo\.credit.*trajectory, turn_index, state"):
-        load_config(f"{REPO}/configs/tiny/agent_tiny.yaml", ["algo.credit=turns"])
-    assert load_config(f"{REPO}/configs/tiny/agent_tiny.yaml", ["algo.credit=state"]).algo.credit == "state"
+        load_config(f"{REPO}/configs/tiny/agent_tiny.yaml", ["algo.credit.name=turns"])
+    assert load_config(f"{REPO}/configs/tiny/agent_tiny.yaml", ["algo.credit.name=state"]).algo.credit.name == "state"

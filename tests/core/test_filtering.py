@@ -73,7 +73,7 @@ def test_starpo_ties_by_index():
 
 @pytest.mark.parametrize("frac", [0.0, -0.1, 1.5, float("nan")])
 def test_starpo_rejects_fraction_outside_unit_interval(frac):
-    with pytest.raises(ValueError, match=r"filter_keep_frac must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"algo.filter.keep_frac must be in \(0, 1\]"):
         FILTERS.resolve("starpo")(R, frac)
 
 

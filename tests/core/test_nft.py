@@ -132,10 +132,10 @@ def test_nft_with_a_policy_without_a_forward_process_loss_is_a_config_error(name
 
 
 @pytest.mark.parametrize("override,key", [
-    ("algo.nft_beta=0", "algo.nft_beta"), ("algo.nft_adv_scale=-1", "algo.nft_adv_scale"),
-    ("algo.nft_timesteps=-1", "algo.nft_timesteps"), ("algo.nft_old_decay_rate=-0.1", "algo.nft_old_decay_rate"),
-    ("algo.nft_old_decay_max=1.0", "algo.nft_old_decay_max"),
-    ("algo.nft_old_decay_delay=-2", "algo.nft_old_decay_delay"),
+    ("algo.nft.beta=0", "algo.nft.beta"), ("algo.nft.adv_scale=-1", "algo.nft.adv_scale"),
+    ("algo.nft.timesteps=-1", "algo.nft.timesteps"), ("algo.nft.old_decay_rate=-0.1", "algo.nft.old_decay_rate"),
+    ("algo.nft.old_decay_max=1.0", "algo.nft.old_decay_max"),
+    ("algo.nft.old_decay_delay=-2", "algo.nft.old_decay_delay"),
     ("algo.ratio_norm=true", "algo.ratio_norm"), ("algo.step_reweight=true", "algo.step_reweight"),
     ("algo.entropy_coef=0.01", "algo.entropy_coef"),
 ])
@@ -145,4 +145,4 @@ def test_nft_ranges_and_policy_gradient_only_options_name_the_key(override, key)
 
 def test_nft_knobs_are_not_checked_under_pg():
     # the policy gradient ignores them: a pg run with odd nft values still loads
-    assert load_config(_config("sd3_tiny.yaml"), ["algo.nft_beta=0"]).algo.nft_beta == 0
+    assert load_config(_config("sd3_tiny.yaml"), ["algo.nft.beta=0"]).algo.nft.beta == 0

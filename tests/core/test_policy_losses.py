@@ -34,7 +34,8 @@ def test_cispo_table_weights_each_token_by_its_clipped_detached_ratio():
     # w = clip(r, 0.8, 1.28), l = -w A log r
     # row 0, A = +2: r 1.1 -> w 1.1, l = -2.2 log 1.1 = -0.209682; r 1.5 -> w 1.28 (clipped high), l = -2.56 log 1.5
     #   = -1.037991; r 0.5 -> w 0.8 (clipped low), l = -1.6 log 0.5 = 1.109035; r 1.25 -> w 1.25, l = -0.557859
-    # row 1, A = -1: r 0.7 -> w 0.8, l = 0.8 log 0.7 = -0.285340; r 1.0 -> 0; r 1.4 -> w 1.28, l = 1.28 log 1.4 = 0.430684
+    # row 1, A = -1: r 0.7 -> w 0.8, l = 0.8 log 0.7 = -0.285340; r 1.0 -> 0;
+    #   r 1.4 -> w 1.28, l = 1.28 log 1.4 = 0.430684
     logp, l, m = _cispo([[1.1, 1.5, 0.5, 1.25], [0.7, 1.0, 1.4, 1.0]], [2, -1], mask=[[1, 1, 1, 1], [1, 1, 1, 0]])
     torch.testing.assert_close(l[0], T([-0.209682, -1.037991, 1.109035, -0.557859]), rtol=0, atol=1e-5)
     torch.testing.assert_close(l[1, :3], T([-0.285340, 0.0, 0.430684]), rtol=0, atol=1e-5)

@@ -42,7 +42,7 @@ def _train(config: str, out: str, processes: int, rewards: str, kernels: str) ->
                  str(free_port())] if processes == 2 else [sys.executable])
     cmd = [*launcher, "-m", "mmrl", "train", os.path.join(ROOT, "configs", "tiny", config), f"output_dir={out}",
            "max_steps=1", "eval.every=0", "checkpoint.every=0", "logging.save_samples_every=1",
-           "train.prompts_per_step=4", "algo.filter=none", f"rewards={rewards}"]  # groups filter per process
+           "train.prompts_per_step=4", "algo.filter.name=none", f"rewards={rewards}"]  # groups filter per process
     from mmrl.determinism import isa_env, lower_isa
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}

@@ -80,7 +80,7 @@ def test_a_step_reports_the_mismatch_and_weights_the_update(tmp_path, monkeypatc
     assert "rollout/is_weight_mean" not in plain                    # measured, not corrected
 
     monkeypatch.setattr("mmrl.policies.validate_rollout_correction", lambda cfg, algo: None)  # the bandit has no engine
-    run_bandit(tmp_path / "tis", *steps, "algo.rollout_correction=token_truncate", "algo.rollout_correction_max=1.05")
+    run_bandit(tmp_path / "tis", *steps, "algo.rollout_correction.mode=token_truncate", "algo.rollout_correction.max=1.05")
     (tis,) = train_rows(tmp_path / "tis")
     assert tis["rollout/is_weight_mean"] == pytest.approx(1.05)      # rho = e^0.1 = 1.105, truncated at 1.05
     assert tis["rollout/is_outside_frac"] == 1.0
@@ -90,15 +90,15 @@ def test_a_step_reports_the_mismatch_and_weights_the_update(tmp_path, monkeypatc
 
 def test_the_correction_is_checked_at_load(tmp_path):
     with pytest.raises(ConfigError, match="algo.rollout_correction.*token_truncate, token_mask"):
-        bandit_cfg(tmp_path, "algo.rollout_correction=tis")
+        bandit_cfg(tmp_path, "algo.rollout_correction.mode=tis")
     with pytest.raises(ConfigError, match="samples with the forward it trains"):
-        bandit_cfg(tmp_path, "algo.rollout_correction=token_truncate")
-    with pytest.raises(ConfigError, match="rollout_correction_min.*below"):
-        bandit_cfg(tmp_path, "algo.rollout_correction=token_mask", "algo.rollout_correction_min=3")
+        bandit_cfg(tmp_path, "algo.rollout_correction.mode=token_truncate")
+    with pytest.raises(ConfigError, match=r"algo.rollout_correction.min.*below"):
+        bandit_cfg(tmp_path, "algo.rollout_correction.mode=token_mask", "algo.rollout_correction.min=3")
     with pytest.raises(ConfigError, match="drop nothing"):
-        bandit_cfg(tmp_path, "algo.rollout_correction=sequence_mask", "algo.rollout_correction_max=null")
+        bandit_cfg(tmp_path, "algo.rollout_correction.mode=sequence_mask", "algo.rollout_correction.max=null")
     vlm = bandit_cfg.__globals__["BANDIT"].replace("bandit.yaml", "vlm_tiny.yaml")
     from mmrl.config import load_config
 
     with pytest.raises(ConfigError, match="policy.backend is 'hf'"):
-        load_config(vlm, [f"output_dir={tmp_path}", "algo.rollout_correction=token_truncate"])
+        load_config(vlm, [f"output_dir={tmp_path}", "algo.rollout_correction.mode=token_truncate"])

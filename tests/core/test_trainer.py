@@ -81,7 +81,7 @@ def test_nonfinite_in_a_row_stops_and_keeps_last_good_checkpoint(tmp_path):
 
 
 def test_dynamic_sampling_fills_the_step_with_informative_groups(tmp_path):
-    run_bandit(tmp_path, "max_steps=12", "algo.filter=dynamic", "algo.max_resample_rounds=4",
+    run_bandit(tmp_path, "max_steps=12", "algo.filter.name=dynamic", "algo.filter.max_resample_rounds=4",
                "train.group_size=4")
     rows = train_rows(tmp_path)
     assert any(r["filter/rounds"] > 1 for r in rows)
@@ -93,7 +93,7 @@ def test_dynamic_sampling_fills_the_step_with_informative_groups(tmp_path):
 
 
 def test_starpo_keeps_the_configured_fraction(tmp_path):
-    run_bandit(tmp_path, "max_steps=3", "algo.filter=starpo", "algo.filter_keep_frac=0.5")
+    run_bandit(tmp_path, "max_steps=3", "algo.filter.name=starpo", "algo.filter.keep_frac=0.5")
     assert all(r["filter/kept_groups"] == 2 for r in train_rows(tmp_path))
 
 

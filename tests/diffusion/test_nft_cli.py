@@ -14,7 +14,7 @@ from diffusion_helpers import tiny_config, two_process_command
 from testkit import mmrl_cmd
 
 pytestmark = pytest.mark.slow
-NFT = ["algo.objective=nft", "algo.nft_timesteps=2", "algo.nft_old_decay_rate=0.25", "checkpoint.every=1",
+NFT = ["algo.objective=nft", "algo.nft.timesteps=2", "algo.nft.old_decay_rate=0.25", "checkpoint.every=1",
        "eval.every=2"]                                     # decay 0.25 per step: old and theta differ visibly
 KEYS = ["reward/mean", "loss", "grad_norm", "nft/loss_pos", "nft/loss_neg", "nft/old_deviate", "nft/r_mean",
         "nft/old_decay", "kl"]                             # kl: sd3_tiny.yaml has kl_beta 0.04 (LoRA off = reference)

@@ -171,11 +171,11 @@ def test_a_ddim_family_is_a_config_error_naming_the_objective():
 
 
 def test_more_flow_times_than_rollout_steps_is_a_config_error():
-    msg = _error(tiny_config("sd3"), "algo.objective=nft", "algo.nft_timesteps=5")
-    assert "algo.nft_timesteps" in msg and "rollout_steps=4" in msg
+    msg = _error(tiny_config("sd3"), "algo.objective=nft", "algo.nft.timesteps=5")
+    assert "algo.nft.timesteps" in msg and "rollout_steps=4" in msg
 
 
 def test_the_tiny_configs_load_with_nft():
-    cfg = load_config(tiny_config("sd3"), ["algo.objective=nft", "algo.nft_timesteps=4"])
+    cfg = load_config(tiny_config("sd3"), ["algo.objective=nft", "algo.nft.timesteps=4"])
     assert cfg.algo.objective == "nft"
     assert load_config(tiny_config("flux"), ["algo.objective=nft"]).algo.objective == "nft"

@@ -24,7 +24,7 @@ def test_recipe_loads_as_written(name):
     assert cfg.policy.name == "diffusion" and not cfg.policy.model.startswith("tiny:")
     timesteps.validate(cfg.policy.timesteps, cfg.policy.rollout_steps)
     if cfg.algo.objective == "nft":  # DiffusionNFT: no ratio to clip; CFG-free rollouts, 9 of 10 flow times
-        assert cfg.policy.guidance_scale == 1.0 and cfg.algo.nft_timesteps == 9
+        assert cfg.policy.guidance_scale == 1.0 and cfg.algo.nft.timesteps == 9
     else:
         assert cfg.algo.clip_low <= 1e-3 and cfg.algo.clip_high <= 1e-3  # the tiny clip ranges of the anchors
 

@@ -50,7 +50,7 @@ def latest(run: str) -> int:
 def test_a_file_environment_trains_and_resumes_bit_exactly_after_sigkill(tmp_path):
     cfg = config(tmp_path, {"name": CORRIDOR, "length": 3, "max_turns": 3, "step_reward": -0.1},
                  format_prompt="none")                  # any reply is an action: rewards vary from the start
-    common = [cfg, "max_steps=8", "checkpoint.every=2", "eval.every=4", "algo.filter=none"]
+    common = [cfg, "max_steps=8", "checkpoint.every=2", "eval.every=4", "algo.filter.name=none"]
     full, broken = str(tmp_path / "full"), str(tmp_path / "broken")
     done = subprocess.run(mmrl_cmd("train", *common, f"output_dir={full}"), cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=600)

@@ -26,7 +26,7 @@ def test_agent_recipe_runs_one_step_with_a_tiny_model(recipe, tmp_path):
 
     base = load_config(recipe)
     assert base.policy.model.startswith("Qwen/Qwen2.5-VL") and base.algo.kl_beta == 0.0
-    assert base.algo.filter == "starpo" and base.algo.filter_keep_frac == 0.25      # RAGEN's StarPO-S
+    assert base.algo.filter.name == "starpo" and base.algo.filter.keep_frac == 0.25      # RAGEN's StarPO-S
     cfg = load_config(recipe, [
         "policy.model=tiny:qwen2_5_vl", f"output_dir={tmp_path}", "max_steps=1", "precision=fp32",
         "eval.every=1", "eval.max_prompts=1", "checkpoint.every=0", "logging.save_samples_every=0",

@@ -242,8 +242,8 @@ def test_turn_level_credit_reaches_the_update(credit, tmp_path):
     path = tmp_path / "corridor.yaml"
     OmegaConf.save(node, path)
     cfg = load_config(str(path), [f"output_dir={tmp_path / 'run'}", "max_steps=2", "eval.every=0",
-                                  "checkpoint.every=0", f"algo.credit={credit}", "algo.turn_gamma=0.9",
-                                  "algo.filter=none", "policy.format_prompt=none", "train.group_size=8",
+                                  "checkpoint.every=0", f"algo.credit.name={credit}", "algo.credit.gamma=0.9",
+                                  "algo.filter.name=none", "policy.format_prompt=none", "train.group_size=8",
                                   "train.samples_per_microbatch=16"])
     run = setup(cfg)
     batch = collect(run, 0)

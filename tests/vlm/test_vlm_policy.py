@@ -53,8 +53,8 @@ def test_every_first_epoch_microbatch_has_ratio_exactly_one(tmp_path, scoring):
     cfg = load_config(CONFIG, [
         f"output_dir={tmp_path}", "max_steps=1", "eval.every=0", "checkpoint.every=0", scoring,
         "policy.old_log_probs=rollout",                   # a separate no-grad scoring pass, other microbatches
-        "train.samples_per_microbatch=3", "train.update_epochs=1", "algo.filter=dynamic",
-        "algo.max_resample_rounds=2", "policy.max_new_tokens=10",
+        "train.samples_per_microbatch=3", "train.update_epochs=1", "algo.filter.name=dynamic",
+        "algo.filter.max_resample_rounds=2", "policy.max_new_tokens=10",
         f"rewards=[{{name: '{os.path.join(HERE, 'test_vlm_policy.py')}:FirstGroupFlatOnce'}}]"])
     train(cfg)
     row = _read_metrics(str(tmp_path))[0]

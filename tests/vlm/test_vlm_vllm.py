@@ -91,7 +91,7 @@ def test_vllm_logprobs_match_the_hf_recompute_before_and_after_a_push(make_polic
 
     from mmrl.update import _engine_correction
 
-    algo = SimpleNamespace(rollout_correction="token_truncate", rollout_correction_max=2.0, rollout_correction_min=None)
+    algo = SimpleNamespace(rollout_correction=SimpleNamespace(mode="token_truncate", max=2.0, min=None))
     w, metrics = _engine_correction(ro, torch.arange(8), ro.log_probs, algo)
     assert metrics["rollout/logprob_abs_diff"].value < 1e-5 and torch.allclose(w, ro.mask, atol=1e-4)
 
