@@ -36,7 +36,7 @@ from diffusion.sde import gaussian_kl
 from diffusion.text_cache import TextCache
 from diffusion.timesteps import StepPlan
 from mmrl.config import ConfigError
-from mmrl.types import ForwardLoss, Policy, PromptBatch, Reference, Rollout, Scores
+from mmrl.types import ForwardLoss, PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
 
 
@@ -46,7 +46,7 @@ def _dtype(precision: str, device) -> torch.dtype:
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
-class DiffusionPolicy(Policy):
+class DiffusionPolicy:
     def __init__(self, cfg: Config, family, accelerator=None):
         self.cfg, self.family, self.acc = cfg, family, accelerator
         self.denoiser = family.denoiser

@@ -7,7 +7,9 @@ The public types an adapter, a reward or a script needs are importable from here
 
 from mmrl.policies import BuildContext
 from mmrl.registry import Registry, load_object
-from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
+from mmrl.types import (Evaluates, Exports, ForwardProcess, HasExtraState, HasReference, Policy, PromptBatch, Reference,
+                        Rollout, Scores, Shardable)
 from rewards.sample import Sample
 
-__all__ = ["BuildContext", "Policy", "PromptBatch", "Reference", "Registry", "Rollout", "Sample", "Scores", "load_object"]
+__all__ = ["BuildContext", "Evaluates", "Exports", "ForwardProcess", "HasExtraState", "HasReference", "Policy", "PromptBatch",
+           "Reference", "Registry", "Rollout", "Sample", "Scores", "Shardable", "load_object"]

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from mmrl.errors import ConfigError
 from mmrl.sharding import gathered
-from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
+from mmrl.types import PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
 
 
@@ -42,7 +42,7 @@ class Logits(torch.nn.Module):
         return self.theta[context]                                 # [n, T, A]
 
 
-class BanditPolicy(Policy):
+class BanditPolicy:
     def __init__(self, cfg: Config, device, kl_beta: float = 0.0):
         self.cfg, self.device = cfg, device
         self.net = Logits(cfg.num_contexts, cfg.num_actions, cfg.num_arms).to(device)

@@ -22,6 +22,7 @@ import warnings
 import torch
 
 from mmrl.safe_load import safe_reader
+from mmrl.types import HasExtraState
 
 
 @contextlib.contextmanager
@@ -63,9 +64,8 @@ def state(policy, optimizer=None, ema=None) -> dict:
     if ema is not None:
         out["ema"] = {**{f"param_{i:05d}": bar for i, bar in enumerate(ema.shadow)},
                       "steps": torch.tensor(ema.steps)}
-    extra = getattr(policy, "extra_state", None)
-    if extra is not None and extra():
-        out["policy"] = extra()
+    if isinstance(policy, HasExtraState) and policy.extra_state():
+        out["policy"] = policy.extra_state()
     return out
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from mmrl import checkpoint
 from mmrl.config import Config, ConfigError, load_config
+from mmrl.types import Exports
 
 MANIFEST = "mmrl_export.json"
 
@@ -139,6 +140,9 @@ def export(source: str, out_dir: str, *, ema: bool = False) -> str:
     check_weights(src.checkpoint_dir, ema)                              # fail before building the model
     cfg = load_config(src.config_path, [], saved=True)
     policy = build_cpu_policy(cfg)
+    if not isinstance(policy, Exports):
+        raise ConfigError(f"policy {type(policy).__name__} has no library export; `mmrl export` writes folders of "
+                          "the vlm and diffusion policies (its weights are the checkpoint's policy.safetensors)")
     load_weights(src.checkpoint_dir, policy, ema)
     tmp = f"{out_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -125,5 +125,5 @@ def build_policy(cfg, ctx: BuildContext):
     from mmrl.types import check_policy
 
     policy = adapter(cfg.name).build(cfg, ctx)
-    check_policy(policy, cfg.name)                # every member of the Policy protocol, generate_eval included
+    check_policy(policy, cfg.name)                # the required members (capabilities: mmrl.types.check_capabilities)
     return policy

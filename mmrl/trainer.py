@@ -29,6 +29,7 @@ from mmrl.policies import BuildContext, build_policy
 from mmrl.reduce import Accumulator, Metric, mean
 from mmrl.samples import write_samples
 from mmrl.summary import before_after, plot_rewards, read_rows, summary_text
+from mmrl.types import Shardable, check_capabilities
 from mmrl.update import samples_per_optimizer_step, update
 
 log = logging.getLogger("mmrl")
@@ -132,9 +133,8 @@ def _build_policy(cfg: Config, acc: Accelerator):
         raise ConfigError(f"building policy {cfg.policy.name!r}: {e}") from None
     if shard is not None:
         shard(policy.model)
-        on_shard = getattr(policy, "on_shard", None)
-        if on_shard is not None:
-            on_shard()
+        if isinstance(policy, Shardable):
+            policy.on_shard()
     return policy
 
 
@@ -160,6 +160,7 @@ def setup(cfg: Config) -> Run:
         raise ConfigError(str(e)) from None
     records, eval_records = _records(cfg)
     policy = _build_policy(cfg, acc)
+    check_capabilities(policy, kl_beta=cfg.algo.kl_beta, eval_every=cfg.eval.every, objective=cfg.algo.objective)
     fsdp = sharding.is_sharded(policy.model)
     params = list(policy.trainable_parameters())
     if not params:

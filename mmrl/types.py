@@ -149,42 +149,19 @@ class PolicyCannotEvaluate(ConfigError):
 
 @runtime_checkable
 class Policy(Protocol):
-    """A sampler with a log-likelihood: what the trainer drives.
+    """A sampler with a log-likelihood: the members every adapter has, and all the trainer needs to train.
 
     `model` is the trainable `nn.Module`; the trainer may replace it with the
     `accelerator.prepare`d wrapper, so adapters must call it through `self.model`.
 
-    Randomness: `rollout` (and `generate_eval`) sample prompt i only from `prompts.seeds[i]`, so a
+    Randomness: `rollout` (and `Evaluates.generate_eval`) sample prompt i only from `prompts.seeds[i]`, so a
     prompt's samples depend neither on the other prompts of the call nor on how the step's prompts
     are split over processes.
 
-    KL: the core calls `reference_log_probs(rollout, every index)` once per step, only when algo.kl_beta != 0,
-    and passes each microbatch's slice of the result to `log_probs` as `reference` (None when
-    kl_beta == 0). `log_probs` returns the same log-probs whether or not a reference is given; the
-    reference only adds `Scores.kl` where the adapter has an exact KL. An adapter built with
-    `BuildContext.kl_beta == 0` builds no reference model.
-
-    Adapters subclass this protocol, so the documented defaults below apply to them.
-
-    Forward-process loss (algo.objective=nft, DiffusionNFT, `mmrl.nft`), optional: an adapter that serves
-    it has `validate_nft` (checked at load) and overrides the two members below. Its rollout then needs no
-    log-probs (`Rollout.log_probs` may be None, `mask` one column per sample) and is sampled by the "old"
-    policy; the core never calls `log_probs` or `reference_log_probs`.
-      forward_process_loss(rollout, index, r, spec) -> ForwardLoss: noise each sample's clean output at
-          `spec.timesteps` flow times drawn from a generator seeded by the sample's rollout seed and
-          `spec.draw` (never the global RNG or the rank), and return `mmrl.nft.nft_loss` per sample, r [n]
-          being each sample's optimality probability.
-      update_old(decay): old <- decay * old + (1 - decay) * theta, after each training step; the old
-          weights belong to the policy's checkpoint (`save` / `load`), so a resumed run is bit-exact.
-
-    Sharding (distributed.strategy=fsdp, `mmrl.sharding`), optional members: the trainer shards `model` in
-    place after `build` (its parameters become DTensors) and then calls `on_shard()`, where a policy that
-    keeps references to parameters takes the new ones. Code that reads weights outside `model`'s forward
-    (generation, image encoding) runs inside `mmrl.sharding.gathered(model, mode=BuildContext.rollout)`;
-    every process must call each block the same number of times. Models the policy builds besides `model`
-    (a frozen reference) go through `BuildContext.shard`. A sharded checkpoint holds the trainable
-    parameters by name (`mmrl.dcp`) instead of `save`'s file, plus `extra_state()` -> dict of tensors, loaded
-    back with `load_extra_state(state)` (DiffusionNFT's old weights).
+    What only some adapters can do is a capability, a protocol of its own below (`HasReference`, `Evaluates`,
+    `Exports`, `ForwardProcess`, `Shardable`, `HasExtraState`). An adapter writes the members of the ones it
+    serves; it inherits nothing from these classes (they are checked with isinstance, never subclassed), and
+    `check_capabilities` refuses a run that needs one its policy lacks, at build, naming the config key.
     """
 
     model: torch.nn.Module
@@ -193,50 +170,102 @@ class Policy(Protocol):
 
     def log_probs(self, rollout: Rollout, index: torch.Tensor, reference: Reference | None = None) -> Scores: ...
 
-    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> Reference: ...
-
     def trainable_parameters(self) -> Iterable[torch.nn.Parameter]: ...
 
     def save(self, path: str) -> None: ...
 
     def load(self, path: str) -> None: ...
 
-    def export(self, folder: str) -> None:
-        """Write the current weights into the existing empty `folder` in the wrapped library's own format
-        (`mmrl export`, `mmrl.export`). Default: the policy has none (a configuration error)."""
-        raise ConfigError(f"policy {type(self).__name__} has no library export; `mmrl export` writes folders of "
-                          "the vlm and diffusion policies (its weights are the checkpoint's policy.safetensors)")
 
-    def forward_process_loss(self, rollout: Rollout, index: torch.Tensor, r: torch.Tensor, spec) -> ForwardLoss:
-        """DiffusionNFT's loss of samples `index` (class docstring). Default: not served (a config error)."""
-        raise ConfigError(f"config key 'algo.objective': policy {type(self).__name__} has no forward-process "
-                          "loss; set algo.objective=pg")
+@runtime_checkable
+class HasReference(Protocol):
+    """A KL to a frozen reference (needed when algo.kl_beta != 0). The core calls `reference_log_probs(rollout,
+    every index)` once per step and passes each microbatch's slice of the result to `log_probs` as `reference`
+    (None when kl_beta == 0). `log_probs` returns the same log-probs whether or not a reference is given; the
+    reference only adds `Scores.kl` where the adapter has an exact KL. An adapter built with
+    `BuildContext.kl_beta == 0` builds no reference model."""
 
-    def update_old(self, decay: float) -> None:
-        """Soft update of the sampling policy (class docstring). Default: not served (a config error)."""
-        raise ConfigError(f"config key 'algo.objective': policy {type(self).__name__} keeps no old policy; "
-                          "set algo.objective=pg")
+    def reference_log_probs(self, rollout: Rollout, index: torch.Tensor) -> Reference: ...
 
-    def generate_eval(self, prompts: PromptBatch) -> list:
-        """One deterministic held-out output `Sample` per prompt (greedy tokens, ODE images), seeded
-        from `prompts.seeds[i]`; scored by the run's rewards as `eval/reward/...`.
 
-        Default: the policy has no evaluation, and calling it raises `PolicyCannotEvaluate`, a
-        configuration error telling the run to set eval.every=0.
-        """
-        raise PolicyCannotEvaluate(f"config key 'eval.every': policy {type(self).__name__} has no held-out "
-                                   "evaluation (generate_eval); set eval.every=0")
+@runtime_checkable
+class Evaluates(Protocol):
+    """Held-out evaluation (needed when eval.every > 0): one deterministic output `Sample` per prompt (greedy
+    tokens, ODE images), seeded from `prompts.seeds[i]`, scored by the run's rewards as `eval/reward/...`."""
+
+    def generate_eval(self, prompts: PromptBatch) -> list: ...
+
+
+@runtime_checkable
+class Exports(Protocol):
+    """`mmrl export`: write the current weights into the existing empty `folder` in the wrapped library's own
+    format (`mmrl.export`)."""
+
+    def export(self, folder: str) -> None: ...
+
+
+@runtime_checkable
+class ForwardProcess(Protocol):
+    """The forward-process loss (needed when algo.objective=nft, DiffusionNFT, `mmrl.nft`). The rollout then needs
+    no log-probs (`Rollout.log_probs` may be None, `mask` one column per sample) and is sampled by the "old"
+    policy; the core never calls `log_probs` or `reference_log_probs`.
+      forward_process_loss(rollout, index, r, spec) -> ForwardLoss: noise each sample's clean output at
+          `spec.timesteps` flow times drawn from a generator seeded by the sample's rollout seed and
+          `spec.draw` (never the global RNG or the rank), and return `mmrl.nft.nft_loss` per sample, r [n]
+          being each sample's optimality probability.
+      update_old(decay): old <- decay * old + (1 - decay) * theta, after each training step; the old
+          weights belong to the policy's checkpoint (`save` / `load`), so a resumed run is bit-exact."""
+
+    def forward_process_loss(self, rollout: Rollout, index: torch.Tensor, r: torch.Tensor, spec) -> ForwardLoss: ...
+
+    def update_old(self, decay: float) -> None: ...
+
+
+@runtime_checkable
+class Shardable(Protocol):
+    """A policy that keeps references to parameters (distributed.strategy=fsdp, `mmrl.sharding`): the trainer
+    shards `model` in place after `build` (its parameters become DTensors) and then calls `on_shard()`, where the
+    policy takes the new ones. Code that reads weights outside `model`'s forward (generation, image encoding) runs
+    inside `mmrl.sharding.gathered(model, mode=BuildContext.rollout)`; every process must call each block the
+    same number of times. Models the policy builds besides `model` (a frozen reference) go through
+    `BuildContext.shard`."""
+
+    def on_shard(self) -> None: ...
+
+
+@runtime_checkable
+class HasExtraState(Protocol):
+    """What a sharded checkpoint keeps besides the trainable parameters (`mmrl.dcp`): `extra_state()` -> dict of
+    tensors, loaded back in place with `load_extra_state(state)` (DiffusionNFT's old weights)."""
+
+    def extra_state(self) -> dict: ...
+
+    def load_extra_state(self, state: dict) -> None: ...
+
+
+REQUIRED = ("model", "rollout", "log_probs", "trainable_parameters", "save", "load")
 
 
 def check_policy(policy: object, name: str) -> None:
-    """Raise ValueError naming `policy.name` when a built policy lacks a member of the protocol."""
-    members = ("model", "rollout", "log_probs", "reference_log_probs", "trainable_parameters", "save", "load",
-               "generate_eval")
-    missing = [m for m in members if not hasattr(policy, m)]
+    """Raise ValueError naming `policy.name` when a built policy lacks a member of the required protocol."""
+    missing = [m for m in REQUIRED if not hasattr(policy, m)]
     if missing:
         raise ValueError(f"config key 'policy.name': {name!r} built a {type(policy).__name__} without "
-                         f"{', '.join(missing)}; a policy implements mmrl.types.Policy (subclass it for the "
-                         "documented defaults)")
+                         f"{', '.join(missing)}; a policy implements mmrl.types.Policy")
+
+
+def check_capabilities(policy: object, *, kl_beta: float, eval_every: int, objective: str) -> None:
+    """ConfigError naming the key whose setting needs a capability this policy lacks (checked once, at build)."""
+    kind = type(policy).__name__
+    if eval_every > 0 and not isinstance(policy, Evaluates):
+        raise PolicyCannotEvaluate(f"config key 'eval.every': policy {kind} has no held-out evaluation "
+                                   "(generate_eval); set eval.every=0")
+    if objective == "nft" and not isinstance(policy, ForwardProcess):
+        raise ConfigError(f"config key 'algo.objective': policy {kind} has no forward-process loss; "
+                          "set algo.objective=pg")
+    if objective != "nft" and kl_beta != 0 and not isinstance(policy, HasReference):
+        raise ConfigError(f"config key 'algo.kl_beta': policy {kind} has no reference model to take a KL to; "
+                          "set algo.kl_beta=0")
 
 
 def _take(value: Any, idx: torch.Tensor) -> Any:

@@ -25,7 +25,7 @@ from typing import List, Optional
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmrl.types import Policy, PromptBatch, Reference, Rollout, Scores
+from mmrl.types import PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
 from vlm.batch import Layout, layout_for
 from vlm.features import encode
@@ -99,7 +99,7 @@ class Config:
     vllm: VLLMSection = field(default_factory=VLLMSection)
 
 
-class VLMPolicy(Policy):
+class VLMPolicy:
     def __init__(self, cfg: Config, ctx, parts: Parts):
         self.cfg, self.ctx, self.device = cfg, ctx, ctx.device
         self.p = parts

@@ -1,5 +1,6 @@
-"""The Policy protocol as the core drives it: `generate_eval` with its documented default, the KL
-reference as an explicit input of `log_probs`, and the one evaluation seed formula."""
+"""The Policy protocol as the core drives it: the required members and the capabilities checked at build (a run
+that needs one its policy lacks is a config error naming the key), the adapters implementing them without
+inheriting from them, the KL reference as an explicit input of `log_probs`, and the one evaluation seed formula."""
 
 import pytest
 import torch
@@ -7,26 +8,67 @@ import torch
 from helpers import run_bandit
 from mmrl.bandit import BanditPolicy
 from mmrl.data import eval_seed
-from mmrl.types import Policy, PolicyCannotEvaluate, PromptBatch, Reference, check_policy
+from mmrl.config import ConfigError
+from mmrl.types import (Evaluates, Exports, ForwardProcess, HasExtraState, HasReference, Policy, PolicyCannotEvaluate,
+                        Reference, Shardable, check_capabilities, check_policy)
+
+CAPABILITIES = (HasReference, Evaluates, Exports, ForwardProcess, Shardable, HasExtraState)
 
 
-class NoEval(Policy):
-    """A policy that implements everything but evaluation (so it inherits the default)."""
+class Minimal:
+    """The required members only."""
+
+    model = torch.nn.Linear(1, 1)
+
+    def rollout(self, prompts, group_size): ...
+
+    def log_probs(self, rollout, index, reference=None): ...
+
+    def trainable_parameters(self): ...
+
+    def save(self, path): ...
+
+    def load(self, path): ...
 
 
-def test_default_generate_eval_is_a_config_error_naming_eval_every():
-    batch = PromptBatch(rows=[{}], index=[0], seeds=[0], step=-1)
-    with pytest.raises(PolicyCannotEvaluate, match=r"eval\.every=0"):
-        NoEval().generate_eval(batch)
+def test_a_minimal_policy_has_no_capability_and_each_needed_one_is_named():
+    policy = Minimal()
+    assert isinstance(policy, Policy) and not any(isinstance(policy, c) for c in CAPABILITIES)
+    check_policy(policy, "mine")
+    check_capabilities(policy, kl_beta=0.0, eval_every=0, objective="pg")          # needs none
+    with pytest.raises(PolicyCannotEvaluate, match=r"'eval.every'.*set eval\.every=0"):
+        check_capabilities(policy, kl_beta=0.0, eval_every=5, objective="pg")
+    with pytest.raises(ConfigError, match=r"'algo.kl_beta'.*no reference model"):
+        check_capabilities(policy, kl_beta=0.1, eval_every=0, objective="pg")
+    with pytest.raises(ConfigError, match=r"'algo.objective'.*no forward-process loss"):
+        check_capabilities(policy, kl_beta=0.0, eval_every=0, objective="nft")
+
+
+def test_the_adapters_implement_their_capabilities_without_inheriting_any():
+    from diffusion.policy import DiffusionPolicy
+    from vlm.policy import VLMPolicy
+
+    def members(protocol):
+        return [n for n in vars(protocol) if not n.startswith("_")]
+
+    has = {cls: {c.__name__ for c in CAPABILITIES if all(hasattr(cls, m) for m in members(c))}
+           for cls in (BanditPolicy, VLMPolicy, DiffusionPolicy)}
+    assert has[BanditPolicy] == {"HasReference", "Evaluates"}
+    assert has[VLMPolicy] == {"HasReference", "Evaluates", "Exports", "Shardable"}
+    assert has[DiffusionPolicy] == {"HasReference", "Evaluates", "Exports", "ForwardProcess", "Shardable",
+                                    "HasExtraState"}
+    for cls in has:
+        assert cls.__mro__[1:] == (object,)                              # no implementation inherited
 
 
 def test_cli_exits_2_when_the_policy_cannot_evaluate(tmp_path, monkeypatch, capsys, bandit_config):
     from mmrl.cli import main
 
-    monkeypatch.setattr(BanditPolicy, "generate_eval", Policy.generate_eval)
+    monkeypatch.delattr(BanditPolicy, "generate_eval")
     code = main(["train", bandit_config, f"output_dir={tmp_path}", "max_steps=1", "eval.every=1"])
     err = capsys.readouterr().err
     assert code == 2 and "eval.every=0" in err and "Traceback" not in err, err
+    assert not (tmp_path / "metrics.jsonl").exists()                    # refused at build, before any step
 
 
 def test_a_built_object_missing_a_protocol_member_is_named():
@@ -36,7 +78,7 @@ def test_a_built_object_missing_a_protocol_member_is_named():
         def rollout(self, prompts, group_size):
             raise AssertionError
 
-    with pytest.raises(ValueError, match="policy.name.*log_probs.*generate_eval"):
+    with pytest.raises(ValueError, match="policy.name.*log_probs, trainable_parameters, save, load"):
         check_policy(Partial(), "mine")
 
 
