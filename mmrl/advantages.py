@@ -112,6 +112,25 @@ def weighted_total(scores: torch.Tensor, weights: list[float]) -> torch.Tensor:
     return (scores.float() * torch.tensor(weights, dtype=torch.float32)).sum(dim=1)  # [N]
 
 
+REWARD_COMBINES: Registry = Registry("reward combination")
+
+
+@REWARD_COMBINES.register("reward_sum")
+def reward_sum(scores: torch.Tensor, w: torch.Tensor, group_size: int, estimator, eps: float) -> torch.Tensor:
+    """Weighted sum of the raw rewards, then one advantage; a sample with any NaN reward is unscorable.
+    scores [N, K], w [K] -> [N]."""
+    total = (scores.float() * w).sum(dim=1)                                      # [N] NaN if any NaN
+    return estimator(total.view(-1, group_size), eps=eps).reshape(-1)            # [N]
+
+
+@REWARD_COMBINES.register("advantage_sum")
+def advantage_sum(scores: torch.Tensor, w: torch.Tensor, group_size: int, estimator, eps: float) -> torch.Tensor:
+    """One advantage per reward, then their weighted sum (DanceGRPO / MixGRPO); a NaN reward only zeroes its own
+    term. scores [N, K], w [K] -> [N]."""
+    per = [estimator(scores[:, j].float().view(-1, group_size), eps=eps).reshape(-1) for j in range(scores.shape[1])]
+    return (torch.stack(per, dim=1) * w).sum(dim=1)                              # [N]
+
+
 def combine(scores: torch.Tensor, weights: list[float], *, group_size: int, estimator: str,
             mode: str, eps: float = 1e-6, clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Several rewards -> one advantage per sample.
@@ -131,13 +150,7 @@ def combine(scores: torch.Tensor, weights: list[float], *, group_size: int, esti
         raise ValueError(f"{n} samples do not split into groups of {group_size}")
     w = torch.tensor(weights, dtype=torch.float32)                # [K]
     total = weighted_total(scores, weights)                       # [N] NaN if any NaN
-    if mode == "reward_sum":
-        adv = fn(total.view(-1, group_size), eps=eps).reshape(-1)   # [N]
-    elif mode == "advantage_sum":
-        per = [fn(scores[:, j].float().view(-1, group_size), eps=eps).reshape(-1) for j in range(k)]
-        adv = (torch.stack(per, dim=1) * w).sum(dim=1)            # [N]
-    else:
-        raise ValueError(f"unknown algo.reward_combine {mode!r}; valid: reward_sum, advantage_sum")
+    adv = REWARD_COMBINES.resolve(mode, "algo.reward_combine")(scores, w, group_size, fn, eps)   # [N]
     if clip is not None:
         adv = adv.clamp(-clip, clip)
     return adv, total

@@ -19,8 +19,6 @@ from mmrl.errors import ConfigError
 if TYPE_CHECKING:
     from mmrl.config import Config
 
-RATIO_LEVELS = ("token", "sequence")          # algo.ratio_level
-REWARD_COMBINES = ("reward_sum", "advantage_sum")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OBJECTIVES = ("pg", "nft")                    # algo.objective
@@ -65,8 +63,9 @@ def check_policy_loss(algo) -> None:
 
 def check_algo(cfg: Config) -> None:
     from mmrl import credit, filtering
-    from mmrl.advantages import ESTIMATORS
+    from mmrl.advantages import ESTIMATORS, REWARD_COMBINES
     from mmrl.losses import AGGREGATIONS, KL_ESTIMATORS
+    from mmrl.policy_losses import RATIO_LEVELS
 
     a, g = cfg.algo, cfg.train.group_size
     _registered("algo.advantage", a.advantage, ESTIMATORS)
@@ -74,8 +73,8 @@ def check_algo(cfg: Config) -> None:
     filtering.check(a.filter)
     _registered("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
     check_policy_loss(a)
-    one_of("algo.ratio_level", a.ratio_level, RATIO_LEVELS)
-    one_of("algo.reward_combine", a.reward_combine, REWARD_COMBINES)
+    _registered("algo.ratio_level", a.ratio_level, RATIO_LEVELS)
+    _registered("algo.reward_combine", a.reward_combine, REWARD_COMBINES)
     within("algo.clip_low", a.clip_low, 0, 1, high_open=True)
     at_least("algo.clip_high", a.clip_high, 0)
     if a.dual_clip is not None and a.dual_clip <= 1:

@@ -353,10 +353,13 @@ def _keys(section) -> str:
 
 def _registries() -> dict:
     """Config key -> the registry that serves it (imported here: the registries' modules import this one)."""
-    from mmrl.advantages import ESTIMATORS
+    from mmrl.advantages import ESTIMATORS, REWARD_COMBINES
+    from mmrl.credit import CREDITS
     from mmrl.filtering import FILTERS
     from mmrl.losses import AGGREGATIONS, KL_ESTIMATORS
-    from mmrl.policy_losses import POLICY_LOSSES
+    from mmrl.policy_losses import POLICY_LOSSES, RATIO_LEVELS
+    from mmrl.rollout_correction import CORRECTIONS
 
-    return {"algo.advantage": ESTIMATORS, "algo.policy_loss": POLICY_LOSSES, "algo.aggregation": AGGREGATIONS,
-            "algo.kl_estimator": KL_ESTIMATORS, "algo.filter.name": FILTERS}
+    return {"algo.advantage": ESTIMATORS, "algo.reward_combine": REWARD_COMBINES, "algo.policy_loss": POLICY_LOSSES,
+            "algo.ratio_level": RATIO_LEVELS, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
+            "algo.filter.name": FILTERS, "algo.credit.name": CREDITS, "algo.rollout_correction.mode": CORRECTIONS}

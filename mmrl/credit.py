@@ -19,13 +19,28 @@ reward) gets 0 everywhere, as in the trajectory advantages, and takes no part in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from mmrl.episodes import EpisodeMeta
 from mmrl.errors import ConfigError
+from mmrl.registry import Registry
 
-CREDITS = ("trajectory", "turn_index", "state")
+CREDITS: Registry = Registry("credit")
+
+
+@dataclass(frozen=True)
+class Credit:
+    """A registered credit: `turn_key(meta, k)` -> the key whose turns are normalised together (None: trajectory
+    level only, no turn-level term)."""
+
+    turn_key: Callable | None
+
+
+CREDITS.register("trajectory")(Credit(None))                                                  # StarPO
+CREDITS.register("turn_index")(Credit(lambda meta, k: k))                                     # the k-th turns
+CREDITS.register("state")(Credit(lambda meta, k: meta[EpisodeMeta.STATES][k]))               # GiGPO anchor states
 
 
 @dataclass(frozen=True)
@@ -39,8 +54,10 @@ class CreditConfig:
 
 def check(section: CreditConfig, episodes: bool) -> None:
     """Load-time checks of `algo.credit`; `episodes`: whether the run has an env section."""
-    if section.name not in CREDITS:
-        raise ConfigError(f"config key 'algo.credit.name' must be one of {', '.join(CREDITS)}; got {section.name!r}")
+    try:
+        CREDITS.check(section.name, "algo.credit.name")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not 0 <= section.gamma <= 1:
         raise ConfigError(f"config key 'algo.credit.gamma' must be in [0, 1], got {section.gamma}")
     if section.weight < 0:
@@ -75,7 +92,8 @@ def normalised_within(values: list[float], keys: list, eps: float) -> list[float
     return out
 
 
-def _step_advantages(metas: list[dict], valid: list[bool], mode: str, gamma: float, eps: float) -> list[list[float]]:
+def _step_advantages(metas: list[dict], valid: list[bool], turn_key: Callable, gamma: float,
+                     eps: float) -> list[list[float]]:
     """A^S_{i,k} for the trajectories of one group; unscorable trajectories (not `valid`) take no part."""
     returns = [discounted_returns(m[EpisodeMeta.TURN_REWARDS], gamma) for m in metas]
     flat, keys, owner = [], [], []
@@ -84,7 +102,7 @@ def _step_advantages(metas: list[dict], valid: list[bool], mode: str, gamma: flo
             continue
         for k, value in enumerate(rets):
             flat.append(value)
-            keys.append(k if mode == "turn_index" else m[EpisodeMeta.STATES][k])
+            keys.append(turn_key(m, k))
             owner.append(i)
     norm = normalised_within(flat, keys, eps)
     out = [[] for _ in metas]
@@ -100,12 +118,13 @@ def token_advantages(samples: list, adv: torch.Tensor, reward: torch.Tensor, gro
     n = len(samples)
     out = adv.float()[:, None].expand(n, width).clone()                        # [N, T] trajectory level
     credit = algo.credit
-    if credit.name == "trajectory":
+    turn_key = CREDITS.resolve(credit.name, "algo.credit.name").turn_key
+    if turn_key is None:                                                       # trajectory level only
         return out
     for lo in range(0, n, group_size):
         metas = [s.meta for s in samples[lo:lo + group_size]]
         valid = [not bool(torch.isnan(reward[lo + i])) for i in range(len(metas))]
-        steps = _step_advantages(metas, valid, credit.name, credit.gamma, algo.adv_eps)
+        steps = _step_advantages(metas, valid, turn_key, credit.gamma, algo.adv_eps)
         for i, (m, a_s) in enumerate(zip(metas, steps)):
             row, col = lo + i, 0
             for tokens, a in zip(m[EpisodeMeta.TURN_TOKENS], a_s):

@@ -30,8 +30,10 @@ from typing import Optional
 import torch
 
 from mmrl.errors import ConfigError
+from mmrl.registry import Registry
 
-MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# mode -> fn(log_rho [n, T] per action, mask [n, T], c_min, c_max) -> Correction
+CORRECTIONS: Registry = Registry("rollout correction")
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,10 @@ class RolloutCorrectionConfig:
 
 def check(section: RolloutCorrectionConfig) -> None:
     """Load-time checks of `algo.rollout_correction` (the policy's own support is checked with the policy)."""
-    if section.mode not in MODES:
-        raise ConfigError(f"config key 'algo.rollout_correction.mode' must be one of {', '.join(MODES)}; "
-                          f"got {section.mode!r}")
+    try:
+        CORRECTIONS.check(section.mode, "algo.rollout_correction.mode")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if section.mode == "none":
         return
     for key in ("max", "min"):
@@ -69,21 +72,57 @@ class Correction:
     outside: torch.Tensor    # [n, T] bool: the action's (or its sequence's) rho left the band [C_min, C_max]
 
 
-def weights(old: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor, mode: str, c_max: float | None,
-            c_min: float | None = None) -> Correction:
-    """The correction weights of one microbatch: old, engine, mask [n, T] -> `Correction`."""
-    if mode not in MODES[1:]:
-        raise ValueError(f"unknown rollout correction {mode!r}; valid: {', '.join(MODES)}")
-    maskf = mask.float()
-    diff = torch.nan_to_num((old.float() - engine.float()) * maskf, nan=0.0)       # [n, T] log rho_t
-    if mode.startswith("sequence"):
-        diff = diff.sum(-1, keepdim=True).expand_as(diff)                          # [n, T] log rho per sample
-    rho = torch.exp(diff)
+def _band(rho: torch.Tensor, mask: torch.Tensor, c_min: float | None, c_max: float | None) -> torch.Tensor:
+    """[n, T] bool: rho left [C_min, C_max] (a missing bound is no bound), at valid actions."""
     low = -math.inf if c_min is None else c_min
     high = math.inf if c_max is None else c_max
-    outside = ((rho < low) | (rho > high)) & mask.bool()
-    if mode.endswith("truncate"):
-        w = rho.clamp(min=c_min, max=c_max)
-    else:
-        w = rho.masked_fill(outside, 0.0)
-    return Correction(weight=(w * maskf).detach(), outside=outside)
+    return ((rho < low) | (rho > high)) & mask.bool()
+
+
+def _per_sample(log_rho: torch.Tensor) -> torch.Tensor:
+    """log rho = sum_t log rho_t, broadcast over the sample's actions: [n, T] -> [n, T]."""
+    return log_rho.sum(-1, keepdim=True).expand_as(log_rho)
+
+
+@CORRECTIONS.register("none")
+def no_correction(log_rho, mask, c_min, c_max) -> Correction:
+    """w = 1 (the trainer treats its own log-probs as the sampler's)."""
+    return Correction(weight=mask.float(), outside=torch.zeros_like(mask, dtype=torch.bool))
+
+
+@CORRECTIONS.register("token_truncate")
+def token_truncate(log_rho, mask, c_min, c_max) -> Correction:
+    """TIS: w_t = clamp(rho_t, C_min, C_max)."""
+    rho = torch.exp(log_rho)
+    return Correction(weight=rho.clamp(min=c_min, max=c_max), outside=_band(rho, mask, c_min, c_max))
+
+
+@CORRECTIONS.register("token_mask")
+def token_mask(log_rho, mask, c_min, c_max) -> Correction:
+    """MIS: w_t = rho_t inside the band, 0 outside (the action leaves the gradient)."""
+    rho = torch.exp(log_rho)
+    outside = _band(rho, mask, c_min, c_max)
+    return Correction(weight=rho.masked_fill(outside, 0.0), outside=outside)
+
+
+@CORRECTIONS.register("sequence_truncate")
+def sequence_truncate(log_rho, mask, c_min, c_max) -> Correction:
+    """w = clamp(prod_t rho_t, C_min, C_max) for every action of the sample."""
+    return token_truncate(_per_sample(log_rho), mask, c_min, c_max)
+
+
+@CORRECTIONS.register("sequence_mask")
+def sequence_mask(log_rho, mask, c_min, c_max) -> Correction:
+    """w = prod_t rho_t inside the band, else 0 for the whole sample."""
+    return token_mask(_per_sample(log_rho), mask, c_min, c_max)
+
+
+def weights(old: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor, mode: str, c_max: float | None,
+            c_min: float | None = None) -> Correction:
+    """The correction weights of one microbatch: old, engine, mask [n, T] -> `Correction` (weights without grad,
+    0 at padding)."""
+    fn = CORRECTIONS.resolve(mode, "algo.rollout_correction.mode")
+    maskf = mask.float()
+    log_rho = torch.nan_to_num((old.float() - engine.float()) * maskf, nan=0.0)     # [n, T] log rho_t
+    c = fn(log_rho, mask, c_min, c_max)
+    return Correction(weight=(c.weight * maskf).detach(), outside=c.outside)

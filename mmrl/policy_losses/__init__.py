@@ -51,6 +51,23 @@ class PolicyLoss:
     check: Callable | None = None
 
 
+RATIO_LEVELS: Registry = Registry("ratio level")
+
+
+@RATIO_LEVELS.register("token")
+def token_ratio(log_r: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log r per action (PPO, GRPO): [n, T] -> [n, T]."""
+    return log_r
+
+
+@RATIO_LEVELS.register("sequence")
+def sequence_ratio(log_r: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's sequence ratio (arXiv 2507.18071): log s = mean_t log r over the sample's actions, shared by them.
+    [n, T] -> [n, T]."""
+    seq = (log_r * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)   # [n, 1]
+    return seq.expand_as(log_r)                                                          # [n, T]
+
+
 def _builtins() -> None:
     from mmrl.policy_losses import cispo, ppo_clip  # noqa: F401  (their decorators register the entries)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from mmrl.errors import ConfigError
-from mmrl.policy_losses import SurrogateInput, register
+from mmrl.policy_losses import RATIO_LEVELS, SurrogateInput, register
 from mmrl.reduce import maximum, weighted_mean
 
 
@@ -38,9 +38,7 @@ def cispo(inp: SurrogateInput, spec):
     mask = inp.mask.float()                                                    # [n, T]
     logp = inp.logp.float()                                                    # [n, T]
     log_r = logp.detach() - inp.old.float()                                    # [n, T]
-    if spec.ratio_level == "sequence":                                         # one weight per sequence
-        seq = (log_r * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)   # [n, 1]
-        log_r = seq.expand_as(log_r)
+    log_r = RATIO_LEVELS.resolve(spec.ratio_level, "algo.ratio_level")(log_r, mask)   # [n, T]
     r = torch.exp(log_r)                                                       # [n, T] no grad
     w = r.clamp(1 - spec.clip_low, 1 + spec.clip_high)                         # [n, T] r_hat
     l = -w * inp.adv.float() * logp                                            # [n, T]

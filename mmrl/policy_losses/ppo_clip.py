@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from mmrl.guard import ratio_norm
-from mmrl.policy_losses import SurrogateInput, register
+from mmrl.policy_losses import RATIO_LEVELS, SurrogateInput, register
 from mmrl.reduce import maximum, weighted_mean
 
 
@@ -32,11 +32,7 @@ def clipped_surrogate(logp, old, adv, mask, *, clip_low: float, clip_high: float
     raw_log_r = log_r
     if norm is not None:
         log_r = ratio_norm(log_r, *norm)                            # [n, T]
-    if level == "sequence":
-        seq = (log_r * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)  # [n, 1]
-        log_r = seq.expand_as(log_r)                                # [n, T]
-    elif level != "token":
-        raise ValueError(f"unknown algo.ratio_level {level!r}; valid: token, sequence")
+    log_r = RATIO_LEVELS.resolve(level, "algo.ratio_level")(log_r, mask)   # [n, T]
     r = torch.exp(log_r)                                            # [n, T]
     a = adv.float()[:, None].expand_as(r) if adv.dim() == 1 else adv.float()   # [n, T]
     unclipped = -r * a

@@ -176,7 +176,7 @@ def test_combine_clip():
 
 def test_combine_errors():
     s = T(SCORES)
-    with pytest.raises(ValueError, match="reward_combine 'mean'.*reward_sum, advantage_sum"):
+    with pytest.raises(ValueError, match="algo.reward_combine.*'mean'.*advantage_sum, reward_sum"):
         combine(s, [1.0, 0.5], group_size=3, estimator="grpo", mode="mean")
     with pytest.raises(ValueError, match="2 reward columns but 3 weights"):
         combine(s, [1.0, 0.5, 1.0], group_size=3, estimator="grpo", mode="reward_sum")

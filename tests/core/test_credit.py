@@ -78,6 +78,6 @@ def test_an_unscorable_trajectory_gets_no_turn_credit():
 def test_turn_credit_needs_an_env_section():
     with pytest.raises(ConfigError, match=r"algo\.credit.*needs an env section"):
         load_config(f"{REPO}/configs/tiny/vlm_tiny.yaml", ["algo.credit.name=turn_index"])
-    with pytest.raises(ConfigError, match=r"algo\.credit.*trajectory, turn_index, state"):
+    with pytest.raises(ConfigError, match=r"algo\.credit\.name.*unknown credit 'turns'; valid names: state, trajectory, turn_index"):
         load_config(f"{REPO}/configs/tiny/agent_tiny.yaml", ["algo.credit.name=turns"])
     assert load_config(f"{REPO}/configs/tiny/agent_tiny.yaml", ["algo.credit.name=state"]).algo.credit.name == "state"

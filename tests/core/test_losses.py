@@ -130,7 +130,7 @@ def test_gspo_gradient_flows_through_the_sequence_mean():
 
 
 def test_unknown_ratio_level():
-    with pytest.raises(ValueError, match="ratio_level 'seq'.*token, sequence"):
+    with pytest.raises(ValueError, match="algo.ratio_level.*unknown ratio level 'seq'; valid names: sequence, token"):
         clipped_surrogate(torch.zeros(1, 1), torch.zeros(1, 1), T([1]), torch.ones(1, 1),
                           clip_low=0.2, clip_high=0.2, level="seq")
 

@@ -89,7 +89,7 @@ def test_a_step_reports_the_mismatch_and_weights_the_update(tmp_path, monkeypatc
 
 
 def test_the_correction_is_checked_at_load(tmp_path):
-    with pytest.raises(ConfigError, match="algo.rollout_correction.*token_truncate, token_mask"):
+    with pytest.raises(ConfigError, match="algo.rollout_correction.mode.*none, sequence_mask, sequence_truncate, token_mask"):
         bandit_cfg(tmp_path, "algo.rollout_correction.mode=tis")
     with pytest.raises(ConfigError, match="samples with the forward it trains"):
         bandit_cfg(tmp_path, "algo.rollout_correction.mode=token_truncate")
