@@ -21,11 +21,11 @@ Results are the same across process splits on one machine, under either setting;
 same between two instruction sets (a sum rounds differently with a different vector width), so a
 run resumed on a machine of another CPU kind continues correctly but not bit for bit.
 
-Two exceptions remain. HF generation (vlm/prefix.py `decode`, `generate`) decodes a process's prompts
-together, left-padded, so a sampled token's scores change in the last bit with the split and a token
-can change where two scores tie that closely; what is trained is re-scored at fixed shapes either way.
-The local VLM judge (rewards/judge_backends.py) pads a batch to its longest conversation; with
-`batch_size: 1` its replies do not depend on the batch.
+HF generation (vlm/generation.py) keeps rule 1 by running one prompt's G rows per call by default (an
+episode's: one group's live trajectories); `policy.generate_rows_per_call` above G left-pads several
+prompts into one call, trading this exactness for throughput (a sampled token can change where two
+scores tie to the last bit). The local VLM judge (rewards/judge_backends.py) pads a batch to its longest
+conversation; with `batch_size: 1` its replies do not depend on the batch.
 
 On GPU the same rules give split independence where the kernels are deterministic for a fixed
 shape: set `torch.use_deterministic_algorithms(True)` and CUBLAS_WORKSPACE_CONFIG=:4096:8, and
