@@ -113,5 +113,6 @@ def tiny_diffusion_policy(kind: str, overrides: list[str]):
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = load_config(os.path.join(repo, "configs", "tiny", f"{kind}_tiny.yaml"), list(overrides))
-    ctx = BuildContext(torch.device("cpu"), cfg.seed, "/tmp", "fp32", None, cfg.algo.kl_beta)
+    ctx = BuildContext(device=torch.device("cpu"), seed=cfg.seed, output_dir="/tmp", precision="fp32",
+                       kl_beta=cfg.algo.kl_beta)
     return build_policy(cfg.policy, ctx), cfg

@@ -110,7 +110,7 @@ def build_cpu_policy(cfg: Config):
     section = cfg.policy
     if getattr(section, "backend", "hf") != "hf":   # a generation engine (vLLM) holds no weights worth exporting
         section = dataclasses.replace(section, backend="hf")
-    ctx = BuildContext(torch.device("cpu"), cfg.seed, cfg.output_dir, cfg.precision, accelerator=None)
+    ctx = BuildContext(device=torch.device("cpu"), seed=cfg.seed, output_dir=cfg.output_dir, precision=cfg.precision)
     try:
         return build_policy(section, ctx)
     except ConfigError:

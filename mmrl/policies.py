@@ -37,9 +37,9 @@ POLICIES.update({
 })
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BuildContext:
-    """What an adapter may need from the run when it is built."""
+    """What an adapter may need from the run when it is built (keyword arguments only)."""
 
     device: Any            # torch.device the trainer computes on
     seed: int

@@ -30,7 +30,7 @@ from mmrl.reduce import Accumulator, Metric, mean
 from mmrl.samples import write_samples
 from mmrl.summary import before_after, plot_rewards, read_rows, summary_text
 from mmrl.types import Shardable, check_capabilities
-from mmrl.update import samples_per_optimizer_step, update
+from mmrl.update import Counters, samples_per_optimizer_step, update
 
 log = logging.getLogger("mmrl")
 
@@ -51,7 +51,7 @@ class Run:
     params: list
     prompts_per_process: int
     start_step: int
-    counters: dict
+    counters: Counters
     ema: EMA | None = None           # the average of `params` (train.ema_decay > 0), for eval and export
     diagnostics: object = None       # eval.diagnostics as a RewardSet, or None
 
@@ -123,8 +123,11 @@ def _build_policy(cfg: Config, acc: Accelerator):
     shard = (functools.partial(sharding.shard, device=acc.device, precision=cfg.precision,
                                reshard_after_forward=dist_cfg.reshard_after_forward)
              if dist_cfg.strategy == "fsdp" else None)
-    ctx = BuildContext(acc.device, cfg.seed, cfg.output_dir, cfg.precision, acc, cfg.algo.kl_beta, cfg.env,
-                       cfg.algo.ratio_norm, cfg.algo.step_reweight, cfg.algo.objective, shard, dist_cfg.rollout)
+    algo = cfg.algo
+    ctx = BuildContext(device=acc.device, seed=cfg.seed, output_dir=cfg.output_dir, precision=cfg.precision,
+                       accelerator=acc, kl_beta=algo.kl_beta, env=cfg.env, ratio_norm=algo.ratio_norm,
+                       step_reweight=algo.step_reweight, objective=algo.objective, shard=shard,
+                       rollout=dist_cfg.rollout)
     try:
         policy = build_policy(cfg.policy, ctx)
     except ConfigError:
@@ -177,12 +180,12 @@ def setup(cfg: Config) -> Run:
     else:
         policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
     run = Run(cfg, acc, policy, rewards, records, eval_records, PromptSampler(len(records), cfg.seed),
-              optimizer, scheduler, params, p // world, 0, {"skipped": 0, "streak": 0}, build_ema(params, cfg.train),
+              optimizer, scheduler, params, p // world, 0, Counters(), build_ema(params, cfg.train),
               diagnostics)
     if resume:
         state = checkpoint.load(resume, policy, optimizer, scheduler, run.ema)
         run.sampler.load_state_dict(state["sampler"])
-        run.counters.update(state["counters"])
+        run.counters.load_state_dict(state["counters"])
         run.start_step = int(state["step"])
         log.info("resumed from %s at step %d", resume, run.start_step)
     return run
@@ -192,11 +195,11 @@ def _save(run: Run, step: int) -> None:
     acc = run.accelerator
     acc.wait_for_everyone()
     if sharding.is_sharded(run.policy.model):              # every process writes its shards
-        state = {"sampler": run.sampler.state_dict(), "counters": dict(run.counters)}
+        state = {"sampler": run.sampler.state_dict(), "counters": run.counters.state_dict()}
         checkpoint.save_sharded(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
                                 run.cfg.checkpoint.keep_last, run.ema, main=acc.is_main_process)
     elif acc.is_main_process:
-        state = {"sampler": run.sampler.state_dict(), "counters": dict(run.counters)}
+        state = {"sampler": run.sampler.state_dict(), "counters": run.counters.state_dict()}
         checkpoint.save(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
                         run.cfg.checkpoint.keep_last, run.ema)
     acc.wait_for_everyone()

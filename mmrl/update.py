@@ -6,7 +6,9 @@ the weights after each applied optimizer step (`mmrl.ema`); the same loop for bo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +22,30 @@ from mmrl.rollout_correction import weights as correction_weights
 
 class NonFiniteError(RuntimeError):
     """Too many optimizer steps in a row had NaN/inf loss or gradients."""
+
+
+@dataclass
+class Counters:
+    """The learner's step counters, saved in every checkpoint's state.json (as a plain mapping).
+
+    skipped: optimizer steps skipped for a non-finite loss or gradient, over the whole run.
+    streak:  how many of the latest optimizer steps in a row were skipped (stops the run at
+             optim.max_nonfinite_in_a_row).
+    """
+
+    skipped: int = 0
+    streak: int = 0
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        unknown = sorted(set(state) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"checkpoint counters {unknown} are not counters of this version "
+                             f"({', '.join(f.name for f in dataclasses.fields(self))})")
+        for key, value in state.items():
+            setattr(self, key, int(value))
 
 
 def loss_spec(algo) -> LossSpec:
@@ -44,7 +70,7 @@ def _normalizer(run, mask: torch.Tensor) -> Normalizer:
     return Normalizer(seqs, tokens, float(max_len), run.accelerator.num_processes)
 
 
-def _optimizer_step(run, params, loss_total: float, counters: dict) -> float:
+def _optimizer_step(run, params, loss_total: float, counters: Counters) -> float:
     """Clip, step (or skip a non-finite step), zero the gradients; returns the global gradient norm
     (over all shards under FSDP)."""
     opt = run.cfg.optim
@@ -55,13 +81,13 @@ def _optimizer_step(run, params, loss_total: float, counters: dict) -> float:
         run.scheduler.step()
         if run.ema is not None:
             run.ema.update()
-        counters["streak"] = 0
+        counters.streak = 0
     else:
-        counters["skipped"] += 1
-        counters["streak"] += 1
-        if counters["streak"] >= opt.max_nonfinite_in_a_row:
+        counters.skipped += 1
+        counters.streak += 1
+        if counters.streak >= opt.max_nonfinite_in_a_row:
             raise NonFiniteError(
-                f"{counters['streak']} optimizer steps in a row had a non-finite loss or gradient "
+                f"{counters.streak} optimizer steps in a row had a non-finite loss or gradient "
                 f"(optim.max_nonfinite_in_a_row={opt.max_nonfinite_in_a_row}); stopping. The last "
                 "checkpoint is intact; try a lower optim.lr or optim.max_grad_norm.")
     run.optimizer.zero_grad(set_to_none=True)
@@ -171,5 +197,5 @@ def update(run, batch, step: int) -> dict[str, Metric]:
         metrics.add({"ratio/first_max_abs_dev": maximum(first_dev)})
     if nft:
         metrics.add(update_old_policy(run, step))
-    metrics.add({"nonfinite/skipped": mean(counters["skipped"]), "optim/lr": mean(run.scheduler.get_last_lr()[0])})
+    metrics.add({"nonfinite/skipped": mean(counters.skipped), "optim/lr": mean(run.scheduler.get_last_lr()[0])})
     return metrics.metrics()

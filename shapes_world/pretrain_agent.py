@@ -209,7 +209,7 @@ def make_policy(folder: str, seed: int):
     from vlm.policy import build as build_policy
 
     cfg = load_config(CONFIG, [f"policy.model={folder}"])
-    ctx = BuildContext(torch.device("cpu"), seed, folder, "fp32", None, 0.0, cfg.env)
+    ctx = BuildContext(device=torch.device("cpu"), seed=seed, output_dir=folder, precision="fp32", env=cfg.env)
     return build_policy(cfg.policy, ctx), cfg
 
 

@@ -175,7 +175,7 @@ def held_out_score(folder: str, config: str = DEFAULT_CONFIG, overrides: tuple =
     from rewards.shapes.verify import shapes_t2i
 
     cfg = load_config(config, [f"policy.model={folder}", *overrides])
-    policy = build(cfg.policy, BuildContext(torch.device("cpu"), cfg.seed, "", "fp32"))
+    policy = build(cfg.policy, BuildContext(device=torch.device("cpu"), seed=cfg.seed, output_dir="", precision="fp32"))
     rows = load_records(cfg.data.eval, cfg.data.eval_kwargs, "data.eval")[:cfg.eval.max_prompts]
     index = list(range(len(rows)))
     samples = policy.generate_eval(PromptBatch(rows=rows, index=index, seeds=[eval_seed(cfg.seed, i) for i in index],

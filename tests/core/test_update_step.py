@@ -22,7 +22,7 @@ def _run(max_grad_norm: float, max_in_a_row: int = 3, lr: float = 1.0):
 
 def _step(run, w, grad, loss=1.0, counters=None):
     w.grad = torch.tensor(grad)
-    counters = counters if counters is not None else {"skipped": 0, "streak": 0}
+    counters = counters if counters is not None else update.Counters()
     return update._optimizer_step(run, [w], loss, counters), counters
 
 
@@ -36,7 +36,7 @@ def test_grad_norm_is_clipped_to_max_grad_norm_and_reported_before_clipping(max_
     norm, counters = _step(run, w, [3.0, 4.0])
     assert norm == pytest.approx(5.0)
     torch.testing.assert_close(-w.detach(), torch.tensor(moved))
-    assert w.grad is None and counters == {"skipped": 0, "streak": 0}
+    assert w.grad is None and counters == update.Counters()
 
 
 @pytest.mark.parametrize("grad, loss", [([math.nan, 0.0], 1.0), ([math.inf, 0.0], 1.0), ([1.0, 0.0], math.inf),
@@ -47,18 +47,18 @@ def test_a_non_finite_gradient_or_loss_skips_the_step(grad, loss):
     run, w = _run(1.0)
     _, counters = _step(run, w, grad, loss)
     assert torch.equal(w.detach(), torch.zeros(2)) and w.grad is None
-    assert counters == {"skipped": 1, "streak": 1}
+    assert counters == update.Counters(skipped=1, streak=1)
 
 
 def test_the_non_finite_streak_resets_on_a_good_step_and_stops_at_the_limit():
     """skipped counts every skipped step; streak counts them in a row, is reset by a finite step, and
     reaching optim.max_nonfinite_in_a_row raises NonFiniteError naming the key."""
     run, w = _run(1.0, max_in_a_row=3)
-    counters = {"skipped": 0, "streak": 0}
+    counters = update.Counters()
     seen = []
     for loss in (math.nan, math.nan, 1.0, math.nan, math.nan):
         _step(run, w, [0.1, 0.0], loss, counters)
-        seen.append(dict(counters))
+        seen.append(counters.state_dict())
     assert seen == [{"skipped": 1, "streak": 1}, {"skipped": 2, "streak": 2}, {"skipped": 2, "streak": 0},
                     {"skipped": 3, "streak": 1}, {"skipped": 4, "streak": 2}]
     with pytest.raises(update.NonFiniteError, match=r"3 optimizer steps in a row .*max_nonfinite_in_a_row=3\); "
@@ -133,3 +133,12 @@ def test_update_shuffles_microbatches_with_its_own_seeded_generator(tmp_path):
         update.update(run, batch, 3)
         results.append([p.detach().clone() for p in run.params])
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_counters_round_trip_through_a_checkpoint_mapping_and_refuse_unknown_ones():
+    counters = update.Counters(skipped=3, streak=1)
+    again = update.Counters()
+    again.load_state_dict(counters.state_dict())                   # what state.json holds
+    assert again == counters and counters.state_dict() == {"skipped": 3, "streak": 1}
+    with pytest.raises(ValueError, match=r"checkpoint counters \['bogus'\] are not counters of this version"):
+        again.load_state_dict({"bogus": 1})

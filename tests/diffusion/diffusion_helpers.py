@@ -27,7 +27,7 @@ def build(kind: str, *overrides: str, seed: int = 0, kl_beta: float = 0.0):
     from diffusion.policy import build as build_policy
 
     torch.manual_seed(seed)
-    ctx = BuildContext(torch.device("cpu"), seed, "/tmp/unused", "fp32", None, kl_beta)
+    ctx = BuildContext(device=torch.device("cpu"), seed=seed, output_dir="/tmp/unused", precision="fp32", kl_beta=kl_beta)
     return build_policy(policy_config(kind, *overrides), ctx)
 
 

@@ -23,7 +23,8 @@ def build(kind, *overrides, ratio_norm=False, step_reweight=False):
     from diffusion.policy import build as build_policy
 
     torch.manual_seed(0)
-    ctx = BuildContext(torch.device("cpu"), 0, "/tmp/unused", "fp32", None, 0.0, None, ratio_norm, step_reweight)
+    ctx = BuildContext(device=torch.device("cpu"), seed=0, output_dir="/tmp/unused", precision="fp32",
+                       ratio_norm=ratio_norm, step_reweight=step_reweight)
     return build_policy(policy_config(kind, *overrides), ctx)
 
 

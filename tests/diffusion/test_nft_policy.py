@@ -18,7 +18,8 @@ def build(*overrides, kl_beta=0.0):
     from diffusion.policy import build as build_policy
 
     torch.manual_seed(0)
-    ctx = BuildContext(torch.device("cpu"), 0, "/tmp/unused", "fp32", None, kl_beta, objective="nft")
+    ctx = BuildContext(device=torch.device("cpu"), seed=0, output_dir="/tmp/unused", precision="fp32", kl_beta=kl_beta,
+                       objective="nft")
     return build_policy(policy_config("sd3", "forward_batch=4", *overrides), ctx)
 
 

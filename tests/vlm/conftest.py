@@ -50,7 +50,7 @@ def make_policy(tmp_path):
 
         fields.update(overrides)
         torch.manual_seed(0)
-        return build(Config(**fields), BuildContext(torch.device("cpu"), 0, str(tmp_path), "fp32", None))
+        return build(Config(**fields), BuildContext(device=torch.device("cpu"), seed=0, output_dir=str(tmp_path), precision="fp32"))
 
     return make
 

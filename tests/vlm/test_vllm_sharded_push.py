@@ -15,7 +15,7 @@ from vlm.vllm_backend import hf_weights, sharded_hf_weights
 
 policy = build(Config(model="tiny:qwen2_5_vl", min_pixels=784, max_pixels=3136, max_prompt_tokens=512,
                       max_new_tokens=4, logprob_chunk=4, lora=LoraSection(rank=LORA, alpha=8)),
-               BuildContext(torch.device("cpu"), 0, "/tmp", "fp32", None))
+               BuildContext(device=torch.device("cpu"), seed=0, output_dir="/tmp", precision="fp32"))
 hf, peft = policy.p.model.hf, policy.p.model.peft
 with torch.no_grad():
     for n, p in hf.named_parameters():

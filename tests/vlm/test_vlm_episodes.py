@@ -32,7 +32,8 @@ def agent(tmp_path):
                       old_log_probs="rollout")
         fields.update(policy or {})
         torch.manual_seed(0)
-        return build(Config(**fields), BuildContext(torch.device("cpu"), 0, str(tmp_path), "fp32", None, 0.0, env))
+        return build(Config(**fields), BuildContext(device=torch.device("cpu"), seed=0, output_dir=str(tmp_path),
+                                                  precision="fp32", env=env))
 
     return make
 

@@ -72,7 +72,7 @@ def _build(tmp, **overrides):
                   max_new_tokens=6, logprob_chunk=4, lora=LoraSection(rank=0), old_log_probs="rollout")
     fields.update(overrides)
     torch.manual_seed(0)
-    return build(Config(**fields), BuildContext(torch.device("cpu"), 0, str(tmp), "fp32", None))
+    return build(Config(**fields), BuildContext(device=torch.device("cpu"), seed=0, output_dir=str(tmp), precision="fp32"))
 
 
 @pytest.fixture(scope="module")

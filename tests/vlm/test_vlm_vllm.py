@@ -122,7 +122,7 @@ torch.manual_seed(0)
 policy = build(Config(model="tiny:qwen2_5_vl", min_pixels=784, max_pixels=3136, max_prompt_tokens=512,
                       max_new_tokens=8, logprob_chunk=4, lora=LoraSection(rank=4, alpha=8), old_log_probs="rollout",
                       backend="vllm", vllm=VLLMSection(cpu_kv_cache_gib=1)),
-               BuildContext(torch.device("cpu"), 0, "OUT", "fp32", None))
+               BuildContext(device=torch.device("cpu"), seed=0, output_dir="OUT", precision="fp32"))
 sharding.shard(policy.scorer, "cpu")                              # distributed.strategy=fsdp, one process
 rows = counting(n=4, seed=0)[:2]
 before = None
