@@ -137,16 +137,16 @@ def nft_loss(v_theta, v_old, v_target, r, t, beta: float, adaptive: bool = True)
     return loss, metrics
 
 
-def forward_process_objective(run, batch):
+def forward_process_objective(policy, algo, batch):
     """The microbatch loss of `mmrl.update` for algo.objective=nft: r from the advantages, the adapter's
     per-sample loss (+ kl_beta * its KL), summed over the microbatch / the optimizer step's samples."""
-    a, ro = run.cfg.algo, batch.rollout
+    a, ro = algo, batch.rollout
     r = optimality(batch.advantages, a.nft.adv_scale)                         # [N]
 
     def loss_of(idx: torch.Tensor, epoch: int, norm):
         spec = NFTSpec(beta=a.nft.beta, adaptive_weight=a.nft.adaptive_weight, timesteps=a.nft.timesteps,
                        kl=a.kl_beta != 0, draw=epoch)
-        out = run.policy.forward_process_loss(ro, idx, r[idx], spec)
+        out = policy.forward_process_loss(ro, idx, r[idx], spec)
         per_sample = out.loss.float()                                         # [n]
         metrics = dict(out.metrics)
         n = per_sample.shape[0]
@@ -162,9 +162,8 @@ def forward_process_objective(run, batch):
     return loss_of
 
 
-def update_old_policy(run, step: int) -> dict[str, Metric]:
+def update_old_policy(policy, section: NFTConfig, step: int) -> dict[str, Metric]:
     """After training step `step` (0-based): old <- eta old + (1 - eta) theta in the adapter."""
-    n = run.cfg.algo.nft
-    eta = old_decay(step + 1, n.old_decay_rate, n.old_decay_max, n.old_decay_delay)
-    run.policy.update_old(eta)
+    eta = old_decay(step + 1, section.old_decay_rate, section.old_decay_max, section.old_decay_delay)
+    policy.update_old(eta)
     return {"nft/old_decay": mean(eta)}

@@ -1,7 +1,8 @@
-"""The training loop: rollout -> rewards -> advantages -> updates -> log -> checkpoint.
+"""The synchronous trainer: each step the learner updates on the generator's next batch and the generator receives
+the new weights; then log, evaluate, checkpoint.
 
-Read top to bottom: `setup` builds the run (accelerator, policy, rewards, data, optimizer,
-resume), `train` runs the steps. The phases live in `mmrl.collect` and `mmrl.update`.
+Read top to bottom: `setup` builds the run (accelerator, policy, rewards, data, optimizer, the two roles,
+resume), `train` runs the steps. The roles live in `mmrl.collect` (`Generator`) and `mmrl.update` (`Learner`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from mmrl import checkpoint, episodes, memory, sharding
-from mmrl.collect import collect
+from mmrl.collect import Generator
 from mmrl.config import Config, ConfigError, to_yaml
 from mmrl.console import header
 from mmrl.data import PromptSampler, load_records
@@ -30,30 +31,52 @@ from mmrl.reduce import Accumulator, Metric, mean
 from mmrl.samples import write_samples
 from mmrl.summary import before_after, plot_rewards, read_rows, summary_text
 from mmrl.types import Shardable, check_capabilities
-from mmrl.update import Counters, samples_per_optimizer_step, update
+from mmrl.update import Learner, samples_per_optimizer_step
 
 log = logging.getLogger("mmrl")
 
 
 @dataclass
 class Run:
-    """Everything a step needs; built once by `setup`."""
+    """A built run: the two roles (`Generator`, `Learner`), what evaluation scores with, and where to resume.
+    Only the trainer's own functions (`fit`, `_save`, `evaluate`) take it; the roles take their parts."""
 
     cfg: Config
     accelerator: Accelerator
-    policy: object
-    rewards: object
-    records: list
+    generator: Generator
+    learner: Learner
     eval_records: list | None
-    sampler: PromptSampler
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    params: list
-    prompts_per_process: int
     start_step: int
-    counters: Counters
-    ema: EMA | None = None           # the average of `params` (train.ema_decay > 0), for eval and export
     diagnostics: object = None       # eval.diagnostics as a RewardSet, or None
+
+    # the parts the roles share, for the trainer, evaluation and tests
+    @property
+    def policy(self):
+        return self.learner.policy
+
+    @property
+    def rewards(self):
+        return self.generator.rewards
+
+    @property
+    def records(self) -> list:
+        return self.generator.records
+
+    @property
+    def ema(self) -> EMA | None:     # the average of `params` (train.ema_decay > 0), for eval and export
+        return self.learner.ema
+
+    @property
+    def params(self) -> list:
+        return self.learner.params
+
+    @property
+    def optimizer(self):
+        return self.learner.optimizer
+
+    @property
+    def scheduler(self):
+        return self.learner.scheduler
 
     @property
     def run_dir(self) -> str:
@@ -179,14 +202,19 @@ def setup(cfg: Config) -> Run:
         optimizer, scheduler = acc.prepare(optimizer, scheduler)
     else:
         policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
-    run = Run(cfg, acc, policy, rewards, records, eval_records, PromptSampler(len(records), cfg.seed),
-              optimizer, scheduler, params, p // world, 0, Counters(), build_ema(params, cfg.train),
-              diagnostics)
+    generator = Generator(policy=policy, rewards=rewards, records=records,
+                          sampler=PromptSampler(len(records), cfg.seed), seed=cfg.seed, train=cfg.train,
+                          algo=cfg.algo, episodes=cfg.env is not None, process_index=acc.process_index,
+                          prompts_per_process=p // world)
+    learner = Learner(policy=policy, optimizer=optimizer, scheduler=scheduler, params=params, accelerator=acc,
+                      ema=build_ema(params, cfg.train), train=cfg.train, optim=cfg.optim, algo=cfg.algo, seed=cfg.seed)
+    run = Run(cfg, acc, generator, learner, eval_records, 0, diagnostics)
     if resume:
-        state = checkpoint.load(resume, policy, optimizer, scheduler, run.ema)
-        run.sampler.load_state_dict(state["sampler"])
-        run.counters.load_state_dict(state["counters"])
+        state = checkpoint.load(resume, policy, optimizer, scheduler, learner.ema)
+        generator.load_state_dict(state)
+        learner.load_state_dict(state)
         run.start_step = int(state["step"])
+        learner.version = generator.version = run.start_step    # one update per training step
         log.info("resumed from %s at step %d", resume, run.start_step)
     return run
 
@@ -195,11 +223,11 @@ def _save(run: Run, step: int) -> None:
     acc = run.accelerator
     acc.wait_for_everyone()
     if sharding.is_sharded(run.policy.model):              # every process writes its shards
-        state = {"sampler": run.sampler.state_dict(), "counters": run.counters.state_dict()}
+        state = {**run.generator.state_dict(), **run.learner.state_dict()}
         checkpoint.save_sharded(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
                                 run.cfg.checkpoint.keep_last, run.ema, main=acc.is_main_process)
     elif acc.is_main_process:
-        state = {"sampler": run.sampler.state_dict(), "counters": run.counters.state_dict()}
+        state = {**run.generator.state_dict(), **run.learner.state_dict()}
         checkpoint.save(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
                         run.cfg.checkpoint.keep_last, run.ema)
     acc.wait_for_everyone()
@@ -242,9 +270,10 @@ def fit(run: Run) -> None:
             sink.log({"step": 0, **evaluate(run, 0)})
         for step in range(run.start_step, cfg.max_steps):
             t0 = time.perf_counter()
-            batch = collect(run, step)                                # rollout, rewards, filter, advantages
+            batch = run.generator.next_batch(step)                    # rollout, rewards, filter, advantages
             t1 = time.perf_counter()
-            row = {**batch.metrics, **update(run, batch, step)}
+            row = {**batch.metrics, **run.learner.update(batch, step)}
+            run.generator.receive(run.learner.version)                # the next batch samples the new weights
             row.update({"time/rollout_s": mean(t1 - t0), "time/update_s": mean(time.perf_counter() - t1)})
             row.update(memory.metrics(run.policy.model, run.optimizer))
             if cfg.logging.save_samples_every and (step + 1) % cfg.logging.save_samples_every == 0 and main:

@@ -1,7 +1,7 @@
-"""The update phase of a step: `update_epochs` passes of shuffled microbatches, gradient
-accumulation up to each optimizer step, grad-norm clipping, non-finite step skipping, the EMA of
-the weights after each applied optimizer step (`mmrl.ema`); the same loop for both loss paths
-(algo.objective: the policy gradient, or DiffusionNFT's forward-process loss)."""
+"""The learning role (`Learner`): `update_epochs` passes of shuffled microbatches, gradient accumulation up to
+each optimizer step, grad-norm clipping, non-finite step skipping, the EMA of the weights after each applied
+optimizer step (`mmrl.ema`); the same loop for both loss paths (algo.objective: the policy gradient, or
+DiffusionNFT's forward-process loss)."""
 
 from __future__ import annotations
 
@@ -63,75 +63,147 @@ def samples_per_optimizer_step(train, n: int) -> int:
     return per_opt
 
 
-def _normalizer(run, mask: torch.Tensor) -> Normalizer:
+def _normalizer(mask: torch.Tensor, max_len_norm: int | None, world_size: int) -> Normalizer:
     """Sequence and action totals of one optimizer step over all processes."""
     seqs, tokens = all_reduce([float(mask.shape[0]), float(mask.sum())], "sum")
-    max_len = run.cfg.algo.max_len_norm or mask.shape[1]
-    return Normalizer(seqs, tokens, float(max_len), run.accelerator.num_processes)
+    return Normalizer(seqs, tokens, float(max_len_norm or mask.shape[1]), world_size)
 
 
-def _optimizer_step(run, params, loss_total: float, counters: Counters) -> float:
+def optimizer_step(params: list, optimizer, scheduler, ema, optim, loss_total: float, counters: Counters) -> float:
     """Clip, step (or skip a non-finite step), zero the gradients; returns the global gradient norm
-    (over all shards under FSDP)."""
-    opt = run.cfg.optim
-    limit = opt.max_grad_norm if opt.max_grad_norm > 0 else math.inf
+    (over all shards under FSDP). `optim`: the optim config section; `ema` the average to update, or None."""
+    limit = optim.max_grad_norm if optim.max_grad_norm > 0 else math.inf
     grad_norm = float(sharding.full(torch.nn.utils.clip_grad_norm_(params, limit)))
     if math.isfinite(grad_norm) and math.isfinite(loss_total):
-        run.optimizer.step()
-        run.scheduler.step()
-        if run.ema is not None:
-            run.ema.update()
+        optimizer.step()
+        scheduler.step()
+        if ema is not None:
+            ema.update()
         counters.streak = 0
     else:
         counters.skipped += 1
         counters.streak += 1
-        if counters.streak >= opt.max_nonfinite_in_a_row:
+        if counters.streak >= optim.max_nonfinite_in_a_row:
             raise NonFiniteError(
                 f"{counters.streak} optimizer steps in a row had a non-finite loss or gradient "
-                f"(optim.max_nonfinite_in_a_row={opt.max_nonfinite_in_a_row}); stopping. The last "
+                f"(optim.max_nonfinite_in_a_row={optim.max_nonfinite_in_a_row}); stopping. The last "
                 "checkpoint is intact; try a lower optim.lr or optim.max_grad_norm.")
-    run.optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=True)
     return grad_norm
 
 
-def _old_log_probs(run, ro, single_pass: bool) -> torch.Tensor | None:
-    """[N, T] rollout-time log-probs; None when they are the first training forward's own values.
+class Learner:
+    """The learning role: update epochs over a `StepBatch`, the optimizer, scheduler and EMA, and the counters;
+    its own state for checkpoints (`state_dict`). Built from explicit parts:
 
-    An adapter that defers them (`Rollout.log_probs is None`) gets them here: in a single
-    on-policy pass (one epoch, one optimizer step) every sample is scored once before any weight
-    changes, so the old log-probs are the new ones detached (TRL does the same for
-    num_iterations=1) and no extra forward runs; otherwise one no-grad pass of the same forward.
+    policy:               the adapter's policy (log_probs, reference_log_probs, forward_process_loss).
+    optimizer, scheduler: over `params`, the trainable parameters; `ema` their average, or None.
+    accelerator:          autocast, backward, no_sync and the process count.
+    train, optim, algo:   the config sections it reads (epochs and microbatches; clipping and the non-finite
+                          limit; the loss and its options).
+    seed:                 the run seed (each step's microbatch order comes from (seed, step)).
+    `version` counts the updates applied; the generator receives it with the new weights.
     """
-    if ro.log_probs is not None or single_pass:
-        return ro.log_probs
-    acc, mb = run.accelerator, run.cfg.train.samples_per_microbatch
-    with torch.no_grad(), acc.autocast():
-        return torch.cat([run.policy.log_probs(ro, idx).log_probs for idx in torch.arange(len(ro)).split(mb)])
 
+    def __init__(self, *, policy, optimizer, scheduler, params: list, accelerator, ema, train, optim, algo, seed: int):
+        self.policy, self.optimizer, self.scheduler, self.params = policy, optimizer, scheduler, params
+        self.accelerator, self.ema = accelerator, ema
+        self.train, self.optim, self.algo, self.seed = train, optim, algo, seed
+        self.counters = Counters()
+        self.version = 0
 
-def _pg_objective(run, ro, adv, single_pass: bool):
-    """The microbatch loss of the policy gradient: (idx, epoch, norm) -> (loss, metrics). The reference
-    (once per step, only with a KL) and the old log-probs are computed here, before any update."""
-    policy, spec = run.policy, loss_spec(run.cfg.algo)
-    ref = policy.reference_log_probs(ro, torch.arange(len(ro))) if spec.kl_beta != 0 else None  # Reference, once
-    old_all = _old_log_probs(run, ro, single_pass)                             # [N, T] or None
+    def state_dict(self) -> dict:
+        return {"counters": self.counters.state_dict()}
 
-    algo = run.cfg.algo
-    if algo.rollout_correction.mode != "none" and ro.engine_log_probs is None:
-        raise ValueError(f"algo.rollout_correction.mode={algo.rollout_correction.mode} needs the sampling engine's "
-                         "log-probs, "
-                         "but this rollout has none (policy.backend=vllm records them)")
+    def load_state_dict(self, state: dict) -> None:
+        self.counters.load_state_dict(state["counters"])
 
-    def loss_of(idx: torch.Tensor, epoch: int, norm: Normalizer):
-        ref_mb = None if ref is None else ref.select(idx)                     # the KL input, explicit
-        scores = policy.log_probs(ro, idx, ref_mb)                            # [n, T]
-        old = scores.log_probs.detach() if old_all is None else old_all[idx]
-        ref_lp = None if ref_mb is None else ref_mb.log_probs                 # [n, T] or None
-        weight, extra = _engine_correction(ro, idx, old, algo)
-        loss, metrics = policy_loss(scores, old, adv[idx], ro.mask[idx], ref_lp, spec, norm, weight)
-        return loss, {**metrics, **extra}
+    def _old_log_probs(self, ro, single_pass: bool) -> torch.Tensor | None:
+        """[N, T] rollout-time log-probs; None when they are the first training forward's own values.
 
-    return loss_of
+        An adapter that defers them (`Rollout.log_probs is None`) gets them here: in a single
+        on-policy pass (one epoch, one optimizer step) every sample is scored once before any weight
+        changes, so the old log-probs are the new ones detached (TRL does the same for
+        num_iterations=1) and no extra forward runs; otherwise one no-grad pass of the same forward.
+        """
+        if ro.log_probs is not None or single_pass:
+            return ro.log_probs
+        mb = self.train.samples_per_microbatch
+        with torch.no_grad(), self.accelerator.autocast():
+            return torch.cat([self.policy.log_probs(ro, idx).log_probs for idx in torch.arange(len(ro)).split(mb)])
+
+    def _pg_objective(self, ro, adv, single_pass: bool):
+        """The microbatch loss of the policy gradient: (idx, epoch, norm) -> (loss, metrics). The reference
+        (once per step, only with a KL) and the old log-probs are computed here, before any update."""
+        policy, algo = self.policy, self.algo
+        spec = loss_spec(algo)
+        ref = policy.reference_log_probs(ro, torch.arange(len(ro))) if spec.kl_beta != 0 else None  # once
+        old_all = self._old_log_probs(ro, single_pass)                             # [N, T] or None
+        if algo.rollout_correction.mode != "none" and ro.engine_log_probs is None:
+            raise ValueError(f"algo.rollout_correction.mode={algo.rollout_correction.mode} needs the sampling "
+                             "engine's log-probs, but this rollout has none (policy.backend=vllm records them)")
+
+        def loss_of(idx: torch.Tensor, epoch: int, norm: Normalizer):
+            ref_mb = None if ref is None else ref.select(idx)                     # the KL input, explicit
+            scores = policy.log_probs(ro, idx, ref_mb)                            # [n, T]
+            old = scores.log_probs.detach() if old_all is None else old_all[idx]
+            ref_lp = None if ref_mb is None else ref_mb.log_probs                 # [n, T] or None
+            weight, extra = _engine_correction(ro, idx, old, algo)
+            loss, metrics = policy_loss(scores, old, adv[idx], ro.mask[idx], ref_lp, spec, norm, weight)
+            return loss, {**metrics, **extra}
+
+        return loss_of
+
+    def update(self, batch, step: int) -> dict[str, Metric]:
+        """Optimise the policy on one step's batch; returns the update metrics, merged over this process's
+        microbatches (the trainer merges processes). algo.objective picks the microbatch loss: the policy
+        gradient over per-action log-probs (pg), or DiffusionNFT's forward-process loss over the clean samples
+        (nft, `mmrl.nft`), after which the adapter's sampling policy is updated."""
+        acc, policy, train = self.accelerator, self.policy, self.train
+        ro = batch.rollout
+        adv = (batch.advantages if batch.action_advantages is None else batch.action_advantages).to(acc.device)
+        n = len(ro)                                                               # adv: [N] or [N, T]
+        if n == 0:
+            return {"update/skipped_empty": mean(1)}
+        nft = self.algo.objective == "nft"
+        mb = train.samples_per_microbatch
+        per_opt = samples_per_optimizer_step(train, n)
+        single_pass = train.update_epochs == 1 and per_opt >= n
+        loss_of = (forward_process_objective(policy, self.algo, batch) if nft
+                   else self._pg_objective(ro, adv, single_pass))
+        gen = torch.Generator().manual_seed(self.seed * 7_919 + step)
+        metrics, first_dev = Accumulator(), None
+        for epoch in range(train.update_epochs):
+            perm = torch.randperm(n, generator=gen)                                   # [N]
+            for chunk in perm.split(per_opt):
+                norm = _normalizer(ro.mask[chunk], self.algo.max_len_norm, acc.num_processes)
+                micro = chunk.split(mb)
+                loss_total = 0.0
+                for i, idx in enumerate(micro):
+                    # FSDP reduce-scatters every microbatch's gradients (an unsynced FSDP backward keeps whole
+                    # gradients); DDP all-reduces only the last one's
+                    last = i == len(micro) - 1 or sharding.is_sharded(policy.model)
+                    sync = contextlib.nullcontext() if last else acc.no_sync(policy.model)
+                    with sync, acc.autocast():
+                        loss, m = loss_of(idx, epoch, norm)
+                        acc.backward(loss)
+                    loss_total += float(loss.detach())
+                    if first_dev is None and "ratio/max_abs_dev" in m:
+                        first_dev = float(m["ratio/max_abs_dev"].value)
+                    metrics.add(m)
+                grad_bytes = memory.grads_bytes(self.params)                          # this process's, before the step
+                grad_norm = optimizer_step(self.params, self.optimizer, self.scheduler, self.ema, self.optim,
+                                           loss_total, self.counters)
+                metrics.add({"loss": mean(loss_total), "grad_norm": mean(grad_norm),
+                             "mem/grads_bytes": maximum(grad_bytes)})
+        if first_dev is not None:
+            metrics.add({"ratio/first_max_abs_dev": maximum(first_dev)})
+        if nft:
+            metrics.add(update_old_policy(policy, self.algo.nft, step))
+        metrics.add({"nonfinite/skipped": mean(self.counters.skipped),
+                     "optim/lr": mean(self.scheduler.get_last_lr()[0])})
+        self.version += 1
+        return metrics.metrics()
 
 
 def _engine_correction(ro, idx: torch.Tensor, old: torch.Tensor, algo) -> tuple[torch.Tensor | None, dict]:
@@ -152,50 +224,3 @@ def _engine_correction(ro, idx: torch.Tensor, old: torch.Tensor, algo) -> tuple[
     metrics["rollout/is_weight_mean"] = weighted_mean(c.weight.sum() / n_tok.clamp(min=1), n_tok)
     metrics["rollout/is_outside_frac"] = weighted_mean(c.outside.float().sum() / n_tok.clamp(min=1), n_tok)
     return c.weight, metrics
-
-
-def update(run, batch, step: int) -> dict[str, Metric]:
-    """Optimise the policy on one step's batch; returns the update metrics, merged over
-    this process's microbatches (the trainer merges processes). algo.objective picks the microbatch
-    loss: the policy gradient over per-action log-probs (pg), or DiffusionNFT's forward-process loss
-    over the clean samples (nft, `mmrl.nft`), after which the adapter's sampling policy is updated."""
-    cfg, acc, policy = run.cfg, run.accelerator, run.policy
-    ro = batch.rollout
-    adv = (batch.advantages if batch.action_advantages is None else batch.action_advantages).to(acc.device)  # [N] or [N, T]
-    n = len(ro)
-    if n == 0:
-        return {"update/skipped_empty": mean(1)}
-    nft = cfg.algo.objective == "nft"
-    mb = cfg.train.samples_per_microbatch
-    per_opt = samples_per_optimizer_step(cfg.train, n)
-    single_pass = cfg.train.update_epochs == 1 and per_opt >= n
-    loss_of = forward_process_objective(run, batch) if nft else _pg_objective(run, ro, adv, single_pass)
-    gen = torch.Generator().manual_seed(cfg.seed * 7_919 + step)
-    metrics, counters, first_dev = Accumulator(), run.counters, None
-    for epoch in range(cfg.train.update_epochs):
-        perm = torch.randperm(n, generator=gen)                                   # [N]
-        for chunk in perm.split(per_opt):
-            norm = _normalizer(run, ro.mask[chunk])
-            micro = chunk.split(mb)
-            loss_total = 0.0
-            for i, idx in enumerate(micro):
-                # FSDP reduce-scatters every microbatch's gradients (an unsynced FSDP backward keeps whole
-                # gradients); DDP all-reduces only the last one's
-                last = i == len(micro) - 1 or sharding.is_sharded(policy.model)
-                sync = contextlib.nullcontext() if last else acc.no_sync(policy.model)
-                with sync, acc.autocast():
-                    loss, m = loss_of(idx, epoch, norm)
-                    acc.backward(loss)
-                loss_total += float(loss.detach())
-                if first_dev is None and "ratio/max_abs_dev" in m:
-                    first_dev = float(m["ratio/max_abs_dev"].value)
-                metrics.add(m)
-            grad_bytes = memory.grads_bytes(run.params)                           # this process's, before the step
-            grad_norm = _optimizer_step(run, run.params, loss_total, counters)
-            metrics.add({"loss": mean(loss_total), "grad_norm": mean(grad_norm), "mem/grads_bytes": maximum(grad_bytes)})
-    if first_dev is not None:
-        metrics.add({"ratio/first_max_abs_dev": maximum(first_dev)})
-    if nft:
-        metrics.add(update_old_policy(run, step))
-    metrics.add({"nonfinite/skipped": mean(counters.skipped), "optim/lr": mean(run.scheduler.get_last_lr()[0])})
-    return metrics.metrics()

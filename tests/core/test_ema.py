@@ -125,15 +125,14 @@ def test_a_skipped_optimizer_step_does_not_update_the_average(grad, loss):
     w = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([w], lr=1.0)
     ema = EMA([w], 0.5, warmup=False)
-    run = SimpleNamespace(accelerator=None,
-                          cfg=SimpleNamespace(optim=SimpleNamespace(max_grad_norm=0.0, max_nonfinite_in_a_row=3)),
-                          optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0), ema=ema)
+    optim = SimpleNamespace(max_grad_norm=0.0, max_nonfinite_in_a_row=3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     counters = update.Counters()
     w.grad = torch.tensor(grad)
-    update._optimizer_step(run, [w], loss, counters)
+    update.optimizer_step([w], opt, sched, ema, optim, loss, counters)
     assert counters.skipped == 1 and ema.steps == 0 and ema.shadow[0].item() == 0.0
     w.grad = torch.tensor([-4.0])                                    # SGD, lr 1: w = 4
-    update._optimizer_step(run, [w], 1.0, counters)
+    update.optimizer_step([w], opt, sched, ema, optim, 1.0, counters)
     assert ema.steps == 1 and ema.shadow[0].item() == 2.0            # 0.5 * 0 + 0.5 * 4
 
 

@@ -64,7 +64,9 @@ def test_the_adapters_implement_their_capabilities_without_inheriting_any():
 def test_cli_exits_2_when_the_policy_cannot_evaluate(tmp_path, monkeypatch, capsys, bandit_config):
     from mmrl.cli import main
 
-    monkeypatch.delattr(BanditPolicy, "generate_eval")
+    import mmrl.bandit
+
+    monkeypatch.setattr(mmrl.bandit, "build", lambda cfg, ctx: Minimal())     # a policy without generate_eval
     code = main(["train", bandit_config, f"output_dir={tmp_path}", "max_steps=1", "eval.every=1"])
     err = capsys.readouterr().err
     assert code == 2 and "eval.every=0" in err and "Traceback" not in err, err

@@ -1,4 +1,4 @@
-"""The optimizer step of `mmrl.update` in isolation: grad-norm clipping, skipping non-finite steps and the
+"""The learner's optimizer step (`mmrl.update.optimizer_step`) in isolation: grad-norm clipping, skipping non-finite steps and the
 streak that stops a run; and the step totals of the loss normaliser across processes."""
 
 import math
@@ -14,16 +14,15 @@ from mmrl.losses import Normalizer
 def _run(max_grad_norm: float, max_in_a_row: int = 3, lr: float = 1.0):
     w = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([w], lr=lr)
-    cfg = SimpleNamespace(optim=SimpleNamespace(max_grad_norm=max_grad_norm, max_nonfinite_in_a_row=max_in_a_row))
-    run = SimpleNamespace(accelerator=None, cfg=cfg, optimizer=opt, ema=None,
-                          scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0))
-    return run, w
+    optim = SimpleNamespace(max_grad_norm=max_grad_norm, max_nonfinite_in_a_row=max_in_a_row)
+    parts = SimpleNamespace(optim=optim, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0))
+    return parts, w
 
 
 def _step(run, w, grad, loss=1.0, counters=None):
     w.grad = torch.tensor(grad)
     counters = counters if counters is not None else update.Counters()
-    return update._optimizer_step(run, [w], loss, counters), counters
+    return update.optimizer_step([w], run.optimizer, run.scheduler, None, run.optim, loss, counters), counters
 
 
 @pytest.mark.parametrize("max_grad_norm, moved", [(0.0, [3.0, 4.0]), (0.5, [0.3, 0.4]), (2.0, [1.2, 1.6]),
@@ -77,11 +76,8 @@ def test_normalizer_sums_the_step_over_processes_and_divides_by_their_number(mon
 
     monkeypatch.setattr(update, "all_reduce", two_ranks)
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    run = SimpleNamespace(cfg=SimpleNamespace(algo=SimpleNamespace(max_len_norm=None)),
-                          accelerator=SimpleNamespace(num_processes=2))
-    assert update._normalizer(run, mask) == Normalizer(4.0, 6.0, 3.0, 2)
-    run.cfg.algo.max_len_norm = 8
-    assert update._normalizer(run, mask) == Normalizer(4.0, 6.0, 8.0, 2)
+    assert update._normalizer(mask, None, 2) == Normalizer(4.0, 6.0, 3.0, 2)
+    assert update._normalizer(mask, 8, 2) == Normalizer(4.0, 6.0, 8.0, 2)
 
 
 def _bandit_step(tmp_path, n_prompts: int, *overrides):
@@ -105,11 +101,11 @@ def test_update_skips_an_empty_batch_and_trains_a_batch_of_one_group(tmp_path):
     a batch of a single group trains (loss and grad_norm reported)."""
     run, empty = _bandit_step(tmp_path / "a", 0)
     before = [p.detach().clone() for p in run.params]
-    metrics = update.update(run, empty, 1)
+    metrics = run.learner.update(empty, 1)
     assert list(metrics) == ["update/skipped_empty"] and metrics["update/skipped_empty"].value == 1
     assert all(torch.equal(a, b) for a, b in zip(before, run.params, strict=True))
     run, one = _bandit_step(tmp_path / "b", 1)
-    metrics = update.update(run, one, 1)
+    metrics = run.learner.update(one, 1)
     assert "update/skipped_empty" not in metrics and metrics["grad_norm"].value > 0
     assert metrics["optim/lr"].value == pytest.approx(run.scheduler.get_last_lr()[0])
 
@@ -130,7 +126,7 @@ def test_update_shuffles_microbatches_with_its_own_seeded_generator(tmp_path):
         run, batch = _bandit_step(tmp_path / f"r{draw}", 4, "train.samples_per_microbatch=2",
                                   "train.grad_accum_steps=1", "train.update_epochs=2")
         torch.manual_seed(draw)
-        update.update(run, batch, 3)
+        run.learner.update(batch, 3)
         results.append([p.detach().clone() for p in run.params])
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
 

@@ -233,7 +233,6 @@ def test_turn_level_credit_reaches_the_update(credit, tmp_path):
 
     from omegaconf import OmegaConf
 
-    from mmrl.collect import collect
     from mmrl.config import load_config
     from mmrl.trainer import fit, setup
     from testkit import REPO
@@ -247,7 +246,7 @@ def test_turn_level_credit_reaches_the_update(credit, tmp_path):
                                   "algo.filter.name=none", "policy.format_prompt=none", "train.group_size=8",
                                   "train.samples_per_microbatch=16"])
     run = setup(cfg)
-    batch = collect(run, 0)
+    batch = run.generator.next_batch(0)
     per_action = batch.action_advantages                                       # [N, T]
     assert per_action is not None and per_action.shape == batch.rollout.mask.shape
     varies = [i for i, s in enumerate(batch.rollout.samples) if len(set(s.meta["turn_tokens"])) >= 1

@@ -273,7 +273,6 @@ def test_max_len_norm_from_the_config_sets_the_loss(tmp_path):
     config, and M = the completion width T when it is unset."""
     from mmrl.collect import StepBatch
     from mmrl.trainer import setup
-    from mmrl.update import update
 
     def cfg_with(*extra):
         return load_config(VLM_TINY, [f"output_dir={tmp_path}", "eval.every=0", "checkpoint.every=0",
@@ -292,8 +291,8 @@ def test_max_len_norm_from_the_config_sets_the_loss(tmp_path):
     batch = StepBatch(ro, torch.zeros(n, 1), torch.zeros(n), adv, {})
     losses = {}
     for m, cfg in configs.items():
-        run.cfg = cfg
-        losses[m] = float(update(run, batch, 0)["loss"].value)
+        run.learner.algo = cfg.algo                        # the learner reads only its config sections
+        losses[m] = float(run.learner.update(batch, 0)["loss"].value)
     total = float((adv * lengths).sum())
     for m, loss in losses.items():
         assert loss == pytest.approx(-total / ((m or width) * n), rel=1e-5, abs=1e-7), m
