@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -32,34 +33,54 @@ def _episode_strip(path: str, sample) -> None:
     write_strip(path, images, moves + [end])
 
 
-def evaluate(run, step: int) -> dict:
-    """Score `policy.generate_eval` (a member of the `Policy` protocol) on the first `eval.max_prompts`
-    held-out records; a policy without evaluation raises a configuration error naming eval.every."""
-    policy, cfg = run.policy, run.cfg
-    records = run.eval_records[:cfg.eval.max_prompts]
-    samples, bs = [], cfg.eval.prompts_per_batch
-    with averaged_weights(run.ema):                  # the trained weights are back, bit for bit, after the block
-        for lo in range(0, len(records), bs):
-            idx = list(range(lo, min(lo + bs, len(records))))
-            batch = PromptBatch(rows=[records[i] for i in idx], index=idx,
-                                seeds=[eval_seed(cfg.seed, i) for i in idx], step=-1)
-            samples += policy.generate_eval(batch)
-    scores, metrics = run.rewards.score(samples)                            # [M, K]
-    total = weighted_total(scores, run.rewards.weights)                     # [M]
-    valid = total[~torch.isnan(total)]
-    out = {f"eval/{k}": v for k, v in metrics.items() if not k.startswith("time/")}  # times: training steps only
-    out["eval/reward/mean"] = float(valid.mean()) if valid.numel() else math.nan
-    labels = run.rewards.labels
-    if run.diagnostics is not None:                                         # measured, never trained on
-        quality, q_metrics = run.diagnostics.score(samples)                 # [M, D]
-        out.update({f"eval/quality/{label}": q_metrics[f"reward/{label}/mean"] for label in run.diagnostics.labels})
-        scores, labels = torch.cat([scores, quality], 1), labels + [f"quality/{x}" for x in run.diagnostics.labels]
-    success = eval_success(samples) if cfg.env is not None else None
-    if success is not None:
-        out["eval/success"] = success
-    if run.accelerator.is_main_process:
-        path = os.path.join(cfg.output_dir, "samples", f"eval_step_{step:06d}.jsonl")
-        write_samples(path, samples, scores, labels)
-        if cfg.env is not None and samples:
-            _episode_strip(os.path.splitext(path)[0] + "_episode.png", samples[0])
-    return out
+@dataclass(frozen=True)
+class Evaluator:
+    """Held-out evaluation, built by keyword from what it uses; `evaluator(step)` scores `Evaluates.generate_eval`
+    on the held-out records (every process the same prompts, so the values agree).
+
+    policy, rewards:    the policy (its capability `Evaluates`) and the run's RewardSet.
+    records:            the held-out records (the first eval.max_prompts), seeded by `eval_seed(seed, index)`.
+    prompts_per_batch:  held-out prompts per `generate_eval` call.
+    episodes:           multi-turn episodes (env section): eval/success and the episode strip are added.
+    samples_dir:        where the eval samples are written (the main process), or None (the others).
+    ema:                the weights' average (`mmrl.ema`) to evaluate with, or None for the trained weights.
+    diagnostics:        eval.diagnostics as a RewardSet (measured, never trained on), or None.
+    """
+
+    policy: object
+    rewards: object
+    records: list
+    seed: int
+    prompts_per_batch: int
+    episodes: bool
+    samples_dir: str | None
+    ema: object = None
+    diagnostics: object = None
+
+    def __call__(self, step: int) -> dict:
+        records, bs, samples = self.records, self.prompts_per_batch, []
+        with averaged_weights(self.ema):             # the trained weights are back, bit for bit, after the block
+            for lo in range(0, len(records), bs):
+                idx = list(range(lo, min(lo + bs, len(records))))
+                batch = PromptBatch(rows=[records[i] for i in idx], index=idx,
+                                    seeds=[eval_seed(self.seed, i) for i in idx], step=-1)
+                samples += self.policy.generate_eval(batch)
+        scores, metrics = self.rewards.score(samples)                           # [M, K]
+        total = weighted_total(scores, self.rewards.weights)                    # [M]
+        valid = total[~torch.isnan(total)]
+        out = {f"eval/{k}": v for k, v in metrics.items() if not k.startswith("time/")}  # times: training steps only
+        out["eval/reward/mean"] = float(valid.mean()) if valid.numel() else math.nan
+        labels, diag = self.rewards.labels, self.diagnostics
+        if diag is not None:                                                    # measured, never trained on
+            quality, q_metrics = diag.score(samples)                            # [M, D]
+            out.update({f"eval/quality/{label}": q_metrics[f"reward/{label}/mean"] for label in diag.labels})
+            scores, labels = torch.cat([scores, quality], 1), labels + [f"quality/{x}" for x in diag.labels]
+        success = eval_success(samples) if self.episodes else None
+        if success is not None:
+            out["eval/success"] = success
+        if self.samples_dir is not None:
+            path = os.path.join(self.samples_dir, f"eval_step_{step:06d}.jsonl")
+            write_samples(path, samples, scores, labels)
+            if self.episodes and samples:
+                _episode_strip(os.path.splitext(path)[0] + "_episode.png", samples[0])
+        return out

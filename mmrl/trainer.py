@@ -24,7 +24,7 @@ from mmrl.config import Config, ConfigError, to_yaml
 from mmrl.console import header
 from mmrl.data import PromptSampler, load_records
 from mmrl.ema import EMA, build_ema
-from mmrl.evaluation import evaluate
+from mmrl.evaluation import Evaluator
 from mmrl.metrics import MetricsSink, truncate_after
 from mmrl.policies import BuildContext, build_policy
 from mmrl.reduce import Accumulator, Metric, mean
@@ -38,16 +38,15 @@ log = logging.getLogger("mmrl")
 
 @dataclass
 class Run:
-    """A built run: the two roles (`Generator`, `Learner`), what evaluation scores with, and where to resume.
-    Only the trainer's own functions (`fit`, `_save`, `evaluate`) take it; the roles take their parts."""
+    """A built run: the two roles (`Generator`, `Learner`), the `Evaluator`, and where to resume. Only the
+    trainer's own functions (`fit`, `_save`) take it; the roles and the evaluator hold their parts."""
 
     cfg: Config
     accelerator: Accelerator
     generator: Generator
     learner: Learner
-    eval_records: list | None
+    evaluator: Evaluator | None      # None when there is no held-out evaluation
     start_step: int
-    diagnostics: object = None       # eval.diagnostics as a RewardSet, or None
 
     # the parts the roles share, for the trainer, evaluation and tests
     @property
@@ -208,7 +207,13 @@ def setup(cfg: Config) -> Run:
                           prompts_per_process=p // world)
     learner = Learner(policy=policy, optimizer=optimizer, scheduler=scheduler, params=params, accelerator=acc,
                       ema=build_ema(params, cfg.train), train=cfg.train, optim=cfg.optim, algo=cfg.algo, seed=cfg.seed)
-    run = Run(cfg, acc, generator, learner, eval_records, 0, diagnostics)
+    evaluator = None
+    if eval_records is not None:
+        evaluator = Evaluator(policy=policy, rewards=rewards, records=eval_records[:cfg.eval.max_prompts],
+                              seed=cfg.seed, prompts_per_batch=cfg.eval.prompts_per_batch,
+                              episodes=cfg.env is not None, ema=learner.ema, diagnostics=diagnostics,
+                              samples_dir=os.path.join(cfg.output_dir, "samples") if acc.is_main_process else None)
+    run = Run(cfg, acc, generator, learner, evaluator, 0)
     if resume:
         state = checkpoint.load(resume, policy, optimizer, scheduler, learner.ema)
         generator.load_state_dict(state)
@@ -241,7 +246,7 @@ def _reduce_metrics(row: dict[str, Metric]) -> dict:
 
 def _eval_due(run: Run, step: int) -> bool:
     every = run.cfg.eval.every
-    return run.eval_records is not None and (step == 0 or step % every == 0 or step == run.cfg.max_steps)
+    return run.evaluator is not None and (step == 0 or step % every == 0 or step == run.cfg.max_steps)
 
 
 def train(cfg: Config) -> str:
@@ -267,7 +272,7 @@ def fit(run: Run) -> None:
     sink = MetricsSink(cfg.output_dir, cfg, cfg.max_steps, run.start_step, enabled=main)
     try:
         if run.start_step == 0 and _eval_due(run, 0):
-            sink.log({"step": 0, **evaluate(run, 0)})
+            sink.log({"step": 0, **run.evaluator(0)})
         for step in range(run.start_step, cfg.max_steps):
             t0 = time.perf_counter()
             batch = run.generator.next_batch(step)                    # rollout, rewards, filter, advantages
@@ -281,7 +286,7 @@ def fit(run: Run) -> None:
                               batch.rollout.samples, batch.scores, run.rewards.labels, batch.advantages)
             if _eval_due(run, step + 1):
                 # every process evaluates the same prompts deterministically, so the values agree
-                row.update({k: mean(v) for k, v in evaluate(run, step + 1).items()})
+                row.update({k: mean(v) for k, v in run.evaluator(step + 1).items()})
             row["time/step_s"] = mean(time.perf_counter() - t0)
             sink.log({"step": step + 1, **_reduce_metrics(row)})
             every = cfg.checkpoint.every
