@@ -9,10 +9,9 @@ reward is built here). Each failure is a `ConfigError` naming the key and what i
 from __future__ import annotations
 
 import importlib.util
+import operator
 import os
 from typing import TYPE_CHECKING
-
-from omegaconf import OmegaConf
 
 from mmrl.errors import ConfigError
 
@@ -107,7 +106,7 @@ def check_objective(cfg: Config) -> None:
         return
     nft.check(a.nft)
     for key, off in _PG_ONLY.items():
-        value = OmegaConf.select(OmegaConf.structured(a), key)
+        value = operator.attrgetter(key)(a)                                  # dotted: credit.name
         if value != off:
             raise ConfigError(f"config key 'algo.{key}' is {value!r}, an option of the policy gradient; "
                               f"algo.objective=nft trains a forward-process loss without per-action log-probs: set "

@@ -30,12 +30,8 @@ def _refuse(path: str, what: str) -> UnsafeCheckpoint:
                             "not load it")
 
 
-# numpy's pieces of an RNG state pickled by mmrl before its RNG file held plain containers (np.random.get_state())
-_LEGACY_NUMPY = ("numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
-                 "numpy.dtype", "numpy.dtypes.UInt32DType")
-
-
 def _legacy_numpy_globals() -> list:
+    """numpy's pieces of an RNG state pickled by mmrl before its RNG file held plain containers."""
     import numpy as np
 
     found = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
