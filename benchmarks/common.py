@@ -109,7 +109,7 @@ def diffusion_options(ap: argparse.ArgumentParser) -> None:
 def tiny_diffusion_policy(kind: str, overrides: list[str]):
     """A built diffusion policy on a tiny model of `kind` (sd3 | sd | flux) and its config."""
     from mmrl.config import load_config
-    from mmrl.policies import BuildContext, build_policy
+    from mmrl.config.policies import BuildContext, build_policy
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = load_config(os.path.join(repo, "configs", "tiny", f"{kind}_tiny.yaml"), list(overrides))

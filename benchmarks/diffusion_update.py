@@ -16,7 +16,7 @@ import torch
 from common import Report, diffusion_options, interleaved, machine, pair_rows, run, table, tiny_diffusion_policy
 from diffusion.families.common import chunked_forward
 from diffusion.sampler import transitions
-from mmrl.losses import LossSpec, policy_loss
+from mmrl.algorithms.losses import LossSpec, policy_loss
 from mmrl.types import PromptBatch
 
 PROMPTS = ["a red circle", "two blue squares"]

@@ -30,7 +30,7 @@ BLIND = ["rewards=[{name: shapes_t2i, blind: true}]", "eval.diagnostics=[{name: 
 GUARDS = {
     "none": [],
     "kl": ["algo.kl_beta=0.1", "policy.reference=true"],
-    "ratio_norm+step_reweight": ["algo.ratio_norm=true", "algo.step_reweight=true",
+    "ratio_norm+step_reweight": ["algo.policy_loss=grpo_guard", "algo.step_reweight=true",
                                  "algo.clip_low=1e-5", "algo.clip_high=1e-5"],
     "ema": ["train.ema_decay=0.9"],
     "cps": ["policy.sde_schedule=cps", "policy.noise_level=0.8"],

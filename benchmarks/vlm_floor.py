@@ -1,6 +1,6 @@
 """mmrl's VLM training step against the naive floor of the same work in plain PyTorch/transformers.
 
-One optimizer step of mmrl (`mmrl.trainer.setup`, then one iteration of its loop: `next_batch` +
+One optimizer step of mmrl (`mmrl.loop.trainer.setup`, then one iteration of its loop: `next_batch` +
 `update`) on a tiny Qwen2.5-VL built in code (`vlm/tiny.py`'s tokenizer and processor, saved to a
 temp folder), against the floor: one HF `generate` of the P prompts with
 `num_return_sequences=G` (images in), then one forward and backward over the P*G generated
@@ -105,10 +105,10 @@ class Workload:
 
 # ------------------------------------------------------------------------------------------- mmrl
 def mmrl_contender(w: Workload, tag: str = "mmrl", extra: tuple = ()):
-    """`mmrl.trainer.setup` and a closure running one step of its loop (the generator's batch, the learner's
+    """`mmrl.loop.trainer.setup` and a closure running one step of its loop (the generator's batch, the learner's
     update)."""
     from mmrl.config import load_config
-    from mmrl.trainer import setup
+    from mmrl.loop.trainer import setup
 
     n = w.prompts * w.group
     out = tempfile.mkdtemp(prefix=f"{tag}-", dir=w.root)
@@ -223,11 +223,11 @@ def profile_mmrl(step, steps: int = 3, top: int = 25) -> str:
     buf = io.StringIO()
     stats = pstats.Stats(prof, stream=buf)
     total = stats.total_tt if hasattr(stats, "total_tt") else 0.0
-    wanted = [("mmrl/collect.py", "next_batch"), ("vlm/policy.py", "rollout"), ("vlm/policy.py", "_prompts"),
+    wanted = [("mmrl/loop/collect.py", "next_batch"), ("vlm/policy.py", "rollout"), ("vlm/policy.py", "_prompts"),
               ("vlm/features.py", "encode"), ("vlm/generation.py", "sample"), ("vlm/policy.py", "_score"),
-              ("mmrl/update.py", "update"), ("vlm/policy.py", "log_probs"), ("vlm/logprobs.py", "_score_layout"),
+              ("mmrl/loop/update.py", "update"), ("vlm/policy.py", "log_probs"), ("vlm/logprobs.py", "_score_layout"),
               ("vlm/logprobs.py", "token_scores"), ("vlm/batch.py", "collate"), ("torch/_tensor.py", "backward"),
-              ("mmrl/update.py", "optimizer_step"), ("rewards/scorer.py", "score"), ("vlm/rows.py", "prepare_rows")]
+              ("mmrl/loop/update.py", "optimizer_step"), ("rewards/scorer.py", "score"), ("vlm/rows.py", "prepare_rows")]
     rows = []
     for (file, line, fn), (cc, nc, tt, ct, callers) in stats.stats.items():
         for wf, wfn in wanted:

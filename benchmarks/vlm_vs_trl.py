@@ -8,7 +8,7 @@ one optimizer step per generation batch (TRL: per_device_train_batch_size=P*G,
 gradient_accumulation_steps=1, num_iterations=1; mmrl: one microbatch of P*G).
 
 Interleaving: TRL's own training loop runs (`trainer.train()`); a callback at each TRL
-`on_step_end` runs one mmrl step (`mmrl.trainer.setup`'d run: the generator's `next_batch` + the learner's `update`), so the two
+`on_step_end` runs one mmrl step (`mmrl.loop.trainer.setup`'d run: the generator's `next_batch` + the learner's `update`), so the two
 alternate step by step. A TRL step is timed from the end of the previous callback to its
 `on_step_end` (data loading, generation, scoring, backward, optimizer, logging included).
 Optionally (`--floor`) the naive floor of benchmarks/vlm_floor.py runs in the same rotation, and

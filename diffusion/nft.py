@@ -6,7 +6,7 @@ rollout:   the old (sampling) policy's images, by the policy's own sampler (SDE 
 loss:      `forward_process_loss`: per sample, K distinct steps of the rollout schedule drawn without
            replacement and N(0, I) noise, both from a CPU generator seeded by the sample's seed and the
            update epoch; t = sigma of the step, x_t = (1 - t) x0 + t eps, v = eps - x0; v_old (no grad)
-           and v_theta through the one `predict`, then `mmrl.nft.nft_loss`.
+           and v_theta through the one `predict`, then `mmrl.algorithms.objectives.nft.nft_loss`.
 CFG-free:  the loss uses the conditional velocity alone (guidance 1; flux keeps its guidance embedding,
            which is an input, not CFG); policy.guidance_scale only shapes the rollout and eval sampler,
            and the paper's recipe sets it to 1.
@@ -26,7 +26,7 @@ import torch
 from diffusion.families import declared_ddim
 from diffusion.families.common import predict
 from mmrl.config import ConfigError
-from mmrl.nft import NFTSpec, nft_loss
+from mmrl.algorithms.objectives.nft import NFTSpec, nft_loss
 from mmrl.types import ForwardLoss, Rollout
 
 _MOD = 2**63 - 1

@@ -7,7 +7,7 @@ KL:           exact Gaussian KL of the SDE step to the reference model's (LoRA d
               the reference's SDE-step means as a `Reference` (once per step, before the updates), and
               `log_probs(rollout, index, reference)` turns them into `Scores.kl`; without a reference it
               returns no KL, and its log-probs never depend on whether a reference was computed.
-GRPO-Guard:   (arXiv 2510.22319, `mmrl.guard`) `log_probs` also returns each step's std s (`Scores.step_std`)
+GRPO-Guard:   (arXiv 2510.22319, `mmrl.algorithms.guard`) `log_probs` also returns each step's std s (`Scores.step_std`)
               and, flow families only, its weight 1 / dt with dt = sigma_i - sigma_{i+1} (`Scores.step_weight`);
               built with algo.ratio_norm, the rollout records each trained step's mean mu_old
               (`state["old_mean"]` [N, T, ...]) and `log_probs` returns the drift
@@ -16,7 +16,7 @@ prompts:      each encoded alone (batch 1) and kept across steps in an LRU of `t
               (text_cache.py); images decoded `decode_batch` rows per VAE call (padded).
 save / load:  the trainable weights as one safetensors file (diffusers LoRA format for LoRA).
 DiffusionNFT: (arXiv 2509.16117, algo.objective=nft, `diffusion.nft`) the old policy samples the rollouts,
-              which keep only the clean latents; `forward_process_loss` and `update_old` serve `mmrl.nft`,
+              which keep only the clean latents; `forward_process_loss` and `update_old` serve `mmrl.algorithms.objectives.nft`,
               and the old weights are saved next to the policy's file.
 """
 
@@ -58,7 +58,7 @@ class DiffusionPolicy:
         self.sched = family.schedule(cfg.rollout_steps, cfg.sde_schedule)
         self.eval_sched = family.schedule(cfg.eval_steps, cfg.sde_schedule)
         self.text_cache = TextCache(lambda p: family.encode([p])[0], cfg.text_cache_size, family.text_encoders())
-        self.rollout_mode = "gathered"                   # distributed.rollout (mmrl.sharding.gathered)
+        self.rollout_mode = "gathered"                   # distributed.rollout (mmrl.distributed.sharding.gathered)
 
     def on_shard(self) -> None:
         """After the trainer sharded the denoiser (distributed.strategy=fsdp): the old policy holds the new
@@ -67,8 +67,8 @@ class DiffusionPolicy:
             self.nft_old = nft.OldPolicy(self.denoiser)
 
     def _gathered(self):
-        """Sampling with sharded weights (`mmrl.sharding.gathered`); nothing when the model is not sharded."""
-        from mmrl.sharding import gathered
+        """Sampling with sharded weights (`mmrl.distributed.sharding.gathered`); nothing when the model is not sharded."""
+        from mmrl.distributed.sharding import gathered
 
         return gathered(self.model, mode=self.rollout_mode)
 
@@ -221,7 +221,7 @@ class DiffusionPolicy:
             nft.load_old(self.nft_old, path)
 
     def extra_state(self) -> dict:
-        """What a sharded checkpoint keeps besides the parameters (`mmrl.dcp`): DiffusionNFT's sampling copy."""
+        """What a sharded checkpoint keeps besides the parameters (`mmrl.state.dcp`): DiffusionNFT's sampling copy."""
         if self.nft_old is None:
             return {}
         return {f"nft_old.{n}": o for n, o in zip(self.nft_old.names, self.nft_old.old)}
@@ -265,7 +265,7 @@ class DiffusionPolicy:
                 for row, t, im, i in zip(prompts.rows, texts, images, prompts.index)]
 
 
-validate_nft = nft.validate_nft   # algo.objective=nft: what this section needs (mmrl.policies calls it at load)
+validate_nft = nft.validate_nft   # algo.objective=nft: what this section needs (mmrl.config.policies calls it at load)
 
 
 def _setup_training(policy: DiffusionPolicy, cfg: Config, name: str, kl_beta: float) -> None:

@@ -6,7 +6,7 @@ configs exercise the real `from_pretrained(local_folder)` path. Tokenizers are W
 over the words of `PROMPTS` (built with the `tokenizers` library, nothing is downloaded). Shapes follow
 diffusers' own dummy components (tests/pipelines/*/test_pipeline_*.py), shrunk further.
 
-The cache is the tiny-model cache shared with the VLM adapter (mmrl/tiny.py: $MMRL_TINY_CACHE), one
+The cache is the tiny-model cache shared with the VLM adapter (mmrl/testing/tiny.py: $MMRL_TINY_CACHE), one
 sub-folder per kind and version of this file; each model is written to a temporary folder and renamed
 into place, so concurrent builders never see a half-written model. The tokenizer and text-encoder
 recipes (`tokenizer`, `clip_config`, `t5`) are also what the shapes-world text-to-image model is built
@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from mmrl.tiny import build_once, cache_root
+from mmrl.testing.tiny import build_once, cache_root
 
 # the cache folder name carries a hash of this file, so editing a tiny config never reuses a stale build
 with open(__file__, "rb") as _f:

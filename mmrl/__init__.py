@@ -5,7 +5,7 @@ The public types an adapter, a reward or a script needs are importable from here
     from mmrl import Policy, PromptBatch, Rollout, Scores, Reference, BuildContext, Sample, Registry, load_object
 """
 
-from mmrl.policies import BuildContext
+from mmrl.config.policies import BuildContext
 from mmrl.registry import Registry, load_object
 from mmrl.types import (Evaluates, Exports, ForwardProcess, HasExtraState, HasReference, Policy, PromptBatch, Reference,
                         Rollout, Scores, Shardable)

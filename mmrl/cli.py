@@ -21,9 +21,9 @@ def _train(args) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         return _fail(f"configuration error: {e}", EXIT_CONFIG)
-    from mmrl.checkpoint import CheckpointError
-    from mmrl.trainer import train
-    from mmrl.update import NonFiniteError
+    from mmrl.state.checkpoint import CheckpointError
+    from mmrl.loop.trainer import train
+    from mmrl.loop.update import NonFiniteError
     from rewards.scorer import RewardError
 
     try:
@@ -35,7 +35,7 @@ def _train(args) -> int:
     except KeyboardInterrupt:
         return _fail("interrupted; the last checkpoint is intact (resume with resume=auto)", 130)
     print(f"mmrl: done; run directory {run_dir}")
-    from mmrl.dist import end_launched_process
+    from mmrl.distributed.dist import end_launched_process
 
     end_launched_process(0)          # under torchrun / accelerate launch: exit before gloo's teardown can abort
     return 0
@@ -43,7 +43,7 @@ def _train(args) -> int:
 
 def _export(args) -> int:
     from mmrl.config import ConfigError
-    from mmrl.export import export
+    from mmrl.state.export import export
 
     try:
         out = export(args.source, args.out_dir, ema=args.ema)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from mmrl.reduce import Metric, mean, weighted_mean
+from mmrl.distributed.reduce import Metric, mean, weighted_mean
 
 SEED_KEY = "env_seed"
 

@@ -83,7 +83,7 @@ class Scores:
                `Reference` it was handed (e.g. the Gaussian KL of two SDE steps), or None to let
                the core estimate it from `Reference.log_probs` (`algo.kl_estimator`).
 
-    GRPO-Guard terms (`mmrl.guard`), from adapters whose actions are Gaussian steps x' ~ N(mu, s^2)
+    GRPO-Guard terms (`mmrl.algorithms.guard`), from adapters whose actions are Gaussian steps x' ~ N(mu, s^2)
     with log-probs averaged over the D dims of x'; None where the adapter has none:
     step_std:    [n, T] s, each action's std (no grad; 0 for deterministic steps). algo.ratio_norm
     mean_drift:  [n, T] ||mu_theta - mu_old||^2 / (2 D s^2), mu_old the rollout's mean, with grad
@@ -104,11 +104,11 @@ class Scores:
 class ForwardLoss:
     """What `Policy.forward_process_loss` returns for a microbatch of n samples (algo.objective=nft).
 
-    loss:    [n] each sample's DiffusionNFT loss with grad (`mmrl.nft.nft_loss`, averaged over its flow times).
+    loss:    [n] each sample's DiffusionNFT loss with grad (`mmrl.algorithms.objectives.nft.nft_loss`, averaged over its flow times).
     kl:      [n] the distance of the trained model's velocity to the reference model's on the same noised
              inputs, ||v_theta - v_ref||^2 / D (the official code's KL term), with grad; None unless the
              `NFTSpec` asked for it (algo.kl_beta != 0).
-    metrics: name -> `mmrl.reduce.Metric`, e.g. nft_loss's nft/loss_pos, nft/loss_neg, nft/old_deviate.
+    metrics: name -> `mmrl.distributed.reduce.Metric`, e.g. nft_loss's nft/loss_pos, nft/loss_neg, nft/old_deviate.
     """
 
     loss: torch.Tensor
@@ -199,19 +199,19 @@ class Evaluates(Protocol):
 @runtime_checkable
 class Exports(Protocol):
     """`mmrl export`: write the current weights into the existing empty `folder` in the wrapped library's own
-    format (`mmrl.export`)."""
+    format (`mmrl.state.export`)."""
 
     def export(self, folder: str) -> None: ...
 
 
 @runtime_checkable
 class ForwardProcess(Protocol):
-    """The forward-process loss (needed when algo.objective=nft, DiffusionNFT, `mmrl.nft`). The rollout then needs
+    """The forward-process loss (needed when algo.objective=nft, DiffusionNFT, `mmrl.algorithms.objectives.nft`). The rollout then needs
     no log-probs (`Rollout.log_probs` may be None, `mask` one column per sample) and is sampled by the "old"
     policy; the core never calls `log_probs` or `reference_log_probs`.
       forward_process_loss(rollout, index, r, spec) -> ForwardLoss: noise each sample's clean output at
           `spec.timesteps` flow times drawn from a generator seeded by the sample's rollout seed and
-          `spec.draw` (never the global RNG or the rank), and return `mmrl.nft.nft_loss` per sample, r [n]
+          `spec.draw` (never the global RNG or the rank), and return `mmrl.algorithms.objectives.nft.nft_loss` per sample, r [n]
           being each sample's optimality probability.
       update_old(decay): old <- decay * old + (1 - decay) * theta, after each training step; the old
           weights belong to the policy's checkpoint (`save` / `load`), so a resumed run is bit-exact."""
@@ -223,10 +223,10 @@ class ForwardProcess(Protocol):
 
 @runtime_checkable
 class Shardable(Protocol):
-    """A policy that keeps references to parameters (distributed.strategy=fsdp, `mmrl.sharding`): the trainer
+    """A policy that keeps references to parameters (distributed.strategy=fsdp, `mmrl.distributed.sharding`): the trainer
     shards `model` in place after `build` (its parameters become DTensors) and then calls `on_shard()`, where the
     policy takes the new ones. Code that reads weights outside `model`'s forward (generation, image encoding) runs
-    inside `mmrl.sharding.gathered(model, mode=BuildContext.rollout)`; every process must call each block the
+    inside `mmrl.distributed.sharding.gathered(model, mode=BuildContext.rollout)`; every process must call each block the
     same number of times. Models the policy builds besides `model` (a frozen reference) go through
     `BuildContext.shard`."""
 
@@ -235,7 +235,7 @@ class Shardable(Protocol):
 
 @runtime_checkable
 class HasExtraState(Protocol):
-    """What a sharded checkpoint keeps besides the trainable parameters (`mmrl.dcp`): `extra_state()` -> dict of
+    """What a sharded checkpoint keeps besides the trainable parameters (`mmrl.state.dcp`): `extra_state()` -> dict of
     tensors, loaded back in place with `load_extra_state(state)` (DiffusionNFT's old weights)."""
 
     def extra_state(self) -> dict: ...

@@ -16,7 +16,7 @@ last bits with how many rows share the forward. `fixed_rows` runs a function ove
 of exactly `rows`, the last chunk padded with copies of its first row and the copies dropped.
 
 This module lives at the bottom of the layering (rewards imports neither the core nor an adapter) so
-that reward models use it too; the core re-exports it as `mmrl.determinism`.
+that reward models use it too; the core re-exports it as `mmrl.distributed.determinism`.
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ class RewardSet:
                                   f"(more than max_fail_frac={spec.max_fail_frac}){cause}")
             good = [v for v in col if not math.isnan(v)]
             # plain numbers: the trainer declares how each combines over processes
-            # (mmrl/collect.py SCORER_METRICS); a new metric here needs a row there
+            # (mmrl/loop/collect.py SCORER_METRICS); a new metric here needs a row there
             metrics[f"reward/{spec.label}/mean"] = sum(good) / len(good) if good else float("nan")
             metrics[f"reward/{spec.label}/failed"] = failed                  # a count
             metrics[f"time/reward/{spec.label}_s"] = seconds                  # wall time of its call(s)

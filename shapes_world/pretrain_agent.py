@@ -205,7 +205,7 @@ def held_out(policy, cfg, n: int) -> dict:
 def make_policy(folder: str, seed: int):
     """The RL adapter's policy on the model in `folder`, as configs/tiny/agent_frozenlake.yaml lays it out."""
     from mmrl.config import load_config
-    from mmrl.policies import BuildContext
+    from mmrl.config.policies import BuildContext
     from vlm.policy import build as build_policy
 
     cfg = load_config(CONFIG, [f"policy.model={folder}"])

@@ -170,7 +170,7 @@ def held_out_score(folder: str, config: str = DEFAULT_CONFIG, overrides: tuple =
     from diffusion.policy import build
     from mmrl.config import load_config
     from mmrl.data import eval_seed, load_records
-    from mmrl.policies import BuildContext
+    from mmrl.config.policies import BuildContext
     from mmrl.types import PromptBatch
     from rewards.shapes.verify import shapes_t2i
 

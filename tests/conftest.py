@@ -18,8 +18,8 @@ def eval_curve_of():
     """`eval_curve_of(config, out_dir, *overrides)`: train `config` in process and return its
     held-out curve [(step, eval/reward/mean), ...] read back from metrics.jsonl."""
     from mmrl.config import load_config
-    from mmrl.summary import read_rows
-    from mmrl.trainer import train
+    from mmrl.reporting.summary import read_rows
+    from mmrl.loop.trainer import train
 
     def run(config: str, out_dir, *overrides: str) -> list[tuple[int, float]]:
         train(load_config(config, [f"output_dir={out_dir}", *overrides]))

@@ -64,11 +64,11 @@ def token_scores(hidden: torch.Tensor, targets: torch.Tensor, lm_head, bias: tor
 
 
 def one_layout_if_sharded(scorer, layouts: list) -> list:
-    """Under FSDP (`mmrl.sharding`) every row of a call at one shared layout: each rank then runs exactly one
+    """Under FSDP (`mmrl.distributed.sharding`) every row of a call at one shared layout: each rank then runs exactly one
     model forward per call, so the per-block collectives pair up across ranks whatever layouts each holds
     (and a block is gathered once per microbatch, not once per layout). Log-probs then depend on the other
     rows of the call within fp32 rounding; the on-policy ratio of a single pass stays exactly 1."""
-    from mmrl.sharding import is_sharded
+    from mmrl.distributed.sharding import is_sharded
 
     if not is_sharded(scorer) or len(set(layouts)) <= 1:
         return layouts
@@ -102,7 +102,7 @@ class TokenScorer(torch.nn.Module):
     def shares_prefix(self) -> bool:
         """Each prompt's prefix runs once for all its rows (`vlm.prefix`): asked for, verified for this model,
         and not sharded (under FSDP every rank must run the same number of forwards per call)."""
-        from mmrl.sharding import is_sharded
+        from mmrl.distributed.sharding import is_sharded
 
         return self.share_prefix and reason_unshared(self.hf, training=True) is None and not is_sharded(self)
 

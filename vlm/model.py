@@ -12,7 +12,7 @@ import re
 
 import torch
 
-from mmrl.determinism import align_weights
+from mmrl.distributed.determinism import align_weights
 from vlm.features import VISION_MODULES, vision_modules
 from vlm.tiny import resolve_model
 
@@ -54,7 +54,7 @@ def load_model(cfg, device, dtype: torch.dtype):
         hf = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as e:
         raise ValueError(f"config key 'policy.model': cannot load {path!r} as an image-text-to-text model: {e}") from None
-    return align_weights(hf.to(device))  # the same bits whatever this process's loading history (mmrl.determinism)
+    return align_weights(hf.to(device))  # the same bits whatever this process's loading history (mmrl.distributed.determinism)
 
 
 def lora_targets(names: list[str], include_vision: bool) -> str:

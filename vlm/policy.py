@@ -8,7 +8,7 @@ An action is a generated token; T is the longest completion of a rollout. One ro
      sample j of prompt i seeded from `PromptBatch.seeds[i]` and j only (`vlm.generation.sample_seed`);
   4. old log-probs come from `TokenScorer` (the same forward training uses), per recorded layout:
      by default the update takes them from its own first forward (`old_log_probs: deferred`, see
-     `mmrl.update`), so a one-epoch GRPO step runs no separate scoring forward; with
+     `mmrl.loop.update`), so a one-epoch GRPO step runs no separate scoring forward; with
      `old_log_probs: rollout` the rollout scores its samples without grad.
 The trainer replaces `self.model` (the TokenScorer) with its prepared wrapper; generation and
 no-grad scoring use the unwrapped module.
@@ -82,7 +82,7 @@ class Config:
     top_p: float = 1.0
     top_k: int = 0                        # 0 = off
     share_prefix_generation: bool = True  # prefill each prompt once, decode its G rows from copies of its KV cache (vlm.prefix; verified models)
-    generate_rows_per_call: int = 0       # rows per generate call; 0 = one prompt's G rows (> G: whole prompts, left-padded together: faster, no longer split-independent to the bit; mmrl.determinism)
+    generate_rows_per_call: int = 0       # rows per generate call; 0 = one prompt's G rows (> G: whole prompts, left-padded together: faster, no longer split-independent to the bit; mmrl.distributed.determinism)
     eval_max_new_tokens: int = 0          # greedy evaluation length; 0 = max_new_tokens
     allowed_special_tokens: List[str] = field(default_factory=list)  # special tokens generation may emit (all others but EOS are blocked)
     # scoring and training
@@ -160,15 +160,15 @@ class VLMPolicy:
             self.p.backend.synced = self.ctx.rollout == "sharded"
 
     def _gathered(self):
-        """Sampling with sharded weights (`mmrl.sharding.gathered`); nothing when the model is not sharded."""
-        from mmrl.sharding import gathered
+        """Sampling with sharded weights (`mmrl.distributed.sharding.gathered`); nothing when the model is not sharded."""
+        from mmrl.distributed.sharding import gathered
 
         return gathered(self.scorer, mode=self.ctx.rollout)
 
     def _before_sampling(self, step: int) -> None:
         """The backend's turn before a rollout or evaluation (vLLM: push the weights trained since the last);
         with sharded weights only the root's own are gathered, the blocks one at a time by the push."""
-        from mmrl.sharding import gathered
+        from mmrl.distributed.sharding import gathered
 
         if self.cfg.backend == "hf":                      # generation runs on the trained module itself
             return
@@ -203,7 +203,7 @@ class VLMPolicy:
 
     def _engine_log_probs(self, n: int, t: int) -> torch.Tensor | None:
         """[N, T] vLLM's own log-probs of the sampled tokens (NaN where it reported none: a stop token it left
-        out), for the rollout correction (`mmrl.rollout_correction`); None on the HF backend."""
+        out), for the rollout correction (`mmrl.algorithms.rollout_correction`); None on the HF backend."""
         if self.cfg.backend != "vllm":
             return None
         out = torch.full((n, t), float("nan"), device=self.device)

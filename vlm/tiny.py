@@ -1,7 +1,7 @@
 """Tiny vision-language models built offline, in code, with a fixed seed (for tests and CPU configs).
 
 `policy.model: tiny:<family>` names one of them; `resolve_model` builds it once into the tiny-model
-cache (mmrl/tiny.py: `$MMRL_TINY_CACHE`, shared with the diffusion adapter) with `save_pretrained`
+cache (mmrl/testing/tiny.py: `$MMRL_TINY_CACHE`, shared with the diffusion adapter) with `save_pretrained`
 and returns that folder, so the policy then loads it with `from_pretrained` exactly like a real
 checkpoint (the real code path). Tests may also call `build(family, folder)` and pass the folder as `policy.model`.
 
@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from mmrl.tiny import build_once, cache_root
+from mmrl.testing.tiny import build_once, cache_root
 
 VERSION = "v1"  # bump when a family's build changes, so stale cache folders are not reused
 FAMILIES = ("qwen2_5_vl", "llava")

@@ -95,9 +95,9 @@ def sharded_hf_weights(hf, peft_model):
     """`hf_weights` of a model sharded with FSDP2 (`distributed.strategy: fsdp`), one block at a time: each
     block unit is all-gathered, its weights copied (under Hugging Face names, LoRA merged) and freed before
     the next, so no process ever holds more than one block's full weights besides the root's; then the
-    weights outside the blocks, which the rollout keeps gathered (`mmrl.sharding.gathered`). Every process
+    weights outside the blocks, which the rollout keeps gathered (`mmrl.distributed.sharding.gathered`). Every process
     calls it (the gathers are collectives). Yields one dict per block."""
-    from mmrl.sharding import is_sharded
+    from mmrl.distributed.sharding import is_sharded
 
     blocks = [(n, m) for n, m in hf.named_modules() if n and is_sharded(m)]
     for name, unit in blocks:
@@ -180,7 +180,7 @@ class VLLMBackend:
             self.pushed_step = step
             return
         if step != self.pushed_step:
-            from mmrl.sharding import is_sharded
+            from mmrl.distributed.sharding import is_sharded
 
             sharded = any(is_sharded(m) for m in parts.hf.modules())
             self._push(sharded_hf_weights(parts.hf, parts.peft) if sharded else [hf_weights(parts.hf, parts.peft)])

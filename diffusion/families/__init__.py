@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from mmrl.determinism import align_weights
+from mmrl.distributed.determinism import align_weights
 from mmrl.registry import Registry
 
 # policy.family -> the family class, imported on first use (each module imports only its diffusers pipeline)
@@ -109,5 +109,5 @@ def load(name: str, model: str, opts: FamilyOptions):
         if module is not None:
             module.requires_grad_(False)
             module.eval()
-            align_weights(module)  # the same bits whatever this process's loading history (mmrl.determinism)
+            align_weights(module)  # the same bits whatever this process's loading history (mmrl.distributed.determinism)
     return cls(pipe, opts)

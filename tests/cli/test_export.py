@@ -30,7 +30,7 @@ def one_thread():
 
 def _train(out_dir, config: str, *overrides: str) -> str:
     from mmrl.config import load_config
-    from mmrl.trainer import train
+    from mmrl.loop.trainer import train
 
     return train(load_config(config, [f"output_dir={out_dir}", *overrides]))
 
@@ -208,7 +208,7 @@ def test_bandit_policy_has_no_library_export(tmp_path, capsys):
 
 def test_vlm_lora_export_leaves_the_live_policy_unmerged(vlm_lora, tmp_path):
     from mmrl.config import load_config
-    from mmrl.export import build_cpu_policy, load_weights
+    from mmrl.state.export import build_cpu_policy, load_weights
 
     policy = build_cpu_policy(load_config(os.path.join(vlm_lora, "config.yaml"), []))
     load_weights(os.path.join(vlm_lora, "checkpoints", "step_000002"), policy, ema=False)

@@ -44,7 +44,7 @@ def test_rewards_score_errors():
 def test_user_reward_file_is_called_during_training(tmp_path):
     reward = f"{REPO}/examples/my_reward.py:small_numbers"
     out = run("train", BANDIT, f"output_dir={tmp_path}", "max_steps=3", "eval.every=0",
-              f"rewards=[{{name: '{reward}', scale: 8}}, {{name: 'mmrl.bandit:match', label: match}}]")
+              f"rewards=[{{name: '{reward}', scale: 8}}, {{name: 'mmrl.testing.bandit:match', label: match}}]")
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert all("reward/small_numbers/mean" in r and "reward/match/mean" in r for r in rows)

@@ -10,8 +10,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import BANDIT  # noqa: E402
 
 from mmrl.config import load_config  # noqa: E402
-from mmrl.dist import end_launched_process  # noqa: E402
-from mmrl.trainer import fit, setup  # noqa: E402
+from mmrl.distributed.dist import end_launched_process  # noqa: E402
+from mmrl.loop.trainer import fit, setup  # noqa: E402
 
 if __name__ == "__main__":
     out, overrides = sys.argv[1], sys.argv[2:]

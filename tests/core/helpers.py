@@ -3,7 +3,7 @@ import os
 import socket
 
 from mmrl.config import load_config
-from mmrl.trainer import fit, setup
+from mmrl.loop.trainer import fit, setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BANDIT = os.path.join(REPO, "configs", "tiny", "bandit.yaml")

@@ -1,6 +1,6 @@
 """Group advantage estimators and `combine`: hand-computed tables and properties.
 
-Conventions under test (documented in mmrl/advantages.py's module docstring): std is torch's
+Conventions under test (documented in mmrl/algorithms/advantages.py's module docstring): std is torch's
 unbiased std (divide by n - 1) over the group's valid rewards, `eps` is added to the std
 (not to the variance); NaN rewards are left out of the statistics and get 0; a group with
 fewer than two valid rewards or all-equal valid rewards gets 0 everywhere.
@@ -13,7 +13,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mmrl.advantages import ESTIMATORS, combine, dr_grpo, grpo, grpo_batch_std, reinforce_pp, rloo, weighted_total
+from mmrl.algorithms.advantages import ESTIMATORS, combine, dr_grpo, grpo, grpo_batch_std, reinforce_pp, rloo, weighted_total
 
 NAN = float("nan")
 FAST = settings(max_examples=60, deadline=None)

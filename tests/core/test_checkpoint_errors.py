@@ -13,11 +13,11 @@ import torch
 
 from testkit import BANDIT, mmrl_cmd
 from helpers import bandit_cfg, run_bandit, train_rows
-from mmrl import checkpoint
-from mmrl.checkpoint import CheckpointError, IncompatibleCheckpoint
+from mmrl.state import checkpoint
+from mmrl.state.checkpoint import CheckpointError, IncompatibleCheckpoint
 from mmrl.config import ConfigError
-from mmrl.resume import changed_keys
-from mmrl.trainer import setup
+from mmrl.state.resume import changed_keys
+from mmrl.loop.trainer import setup
 
 
 def cli(*args):

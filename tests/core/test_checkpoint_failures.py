@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from helpers import run_bandit, train_rows
-from mmrl import checkpoint
-from mmrl.bandit import BanditPolicy, Config as BanditConfig
-from mmrl.checkpoint import CheckpointError
+from mmrl.state import checkpoint
+from mmrl.testing.bandit import BanditPolicy, Config as BanditConfig
+from mmrl.state.checkpoint import CheckpointError
 
 STEP2, STEP4 = "step_000002", "step_000004"
 
@@ -336,7 +336,7 @@ class _NotWeights:
 def test_optimizer_and_scheduler_states_are_loaded_as_weights_only(tmp_path):
     """A checkpoint's optimizer.pt and scheduler.pt are read with weights_only=True: a file holding arbitrary
     pickled objects is refused instead of executed, with an error naming the file."""
-    from mmrl.safe_load import UnsafeCheckpoint
+    from mmrl.state.safe_load import UnsafeCheckpoint
 
     path = _save(tmp_path, 2)
     torch.save({"state": {}, "param_groups": [], "payload": _NotWeights()}, os.path.join(path, "optimizer.pt"))

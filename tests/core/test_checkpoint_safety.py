@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from helpers import bandit_cfg, run_bandit
-from mmrl.checkpoint import rng_state, set_rng_state
-from mmrl.safe_load import UnsafeCheckpoint, load_pt, read_dcp_metadata, safe_reader
-from mmrl.trainer import setup
+from mmrl.state.checkpoint import rng_state, set_rng_state
+from mmrl.state.safe_load import UnsafeCheckpoint, load_pt, read_dcp_metadata, safe_reader
+from mmrl.loop.trainer import setup
 
 
 class _Payload:

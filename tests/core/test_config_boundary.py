@@ -12,7 +12,7 @@ import yaml
 
 from mmrl.cli import main
 from mmrl.config import MOVED, SECTIONS, ConfigError, load_config, migrate
-from mmrl.filtering import FilterConfig
+from mmrl.algorithms.filtering import FilterConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BANDIT = os.path.join(REPO, "configs", "tiny", "bandit.yaml")
@@ -23,7 +23,8 @@ SD3_TINY = os.path.join(REPO, "configs", "tiny", "sd3_tiny.yaml")
 ENUMERATED = [
     ("algo.advantage=gae", "algo.advantage", "rloo"),
     ("algo.aggregation=tokenmean", "algo.aggregation", "token-mean"),
-    ("algo.ratio_level=seq", "algo.ratio_level", "sequence"),
+    ("algo.policy_loss=gspo2", "algo.policy_loss", "grpo_guard"),
+    ("algo.objective=ppo", "algo.objective", "nft"),
     ("algo.reward_combine=sum", "algo.reward_combine", "advantage_sum"),
     ("algo.filter.name=topk", "algo.filter.name", "starpo"),
     ("algo.kl_estimator=k4", "algo.kl_estimator", "k3"),
@@ -69,7 +70,8 @@ def test_cli_subprocess_acceptance_case(tmp_path):
     ("algo.clip_low=1.0", "algo.clip_low"),
     ("algo.clip_low=-0.1", "algo.clip_low"),
     ("algo.clip_high=-0.2", "algo.clip_high"),
-    ("algo.dual_clip=1.0", "algo.dual_clip"),
+    ("algo.dual_clip=1.0", "algo.dual_clip"),                 # with ppo_clip: the constant of dual_clip
+    ("algo.policy_loss=dual_clip algo.dual_clip=1.0", "algo.dual_clip"),
     ("algo.adv_clip=0", "algo.adv_clip"),
     ("algo.kl_beta=-1", "algo.kl_beta"),
     ("algo.max_len_norm=0", "algo.max_len_norm"),
@@ -89,13 +91,14 @@ def test_cli_subprocess_acceptance_case(tmp_path):
     ("policy.num_arms=0", "policy.num_arms"),
 ])
 def test_numeric_ranges(override, key):
-    msg = _error(BANDIT, override)
-    assert f"'{key}'" in msg and override.split("=")[1] in msg
+    msg = _error(BANDIT, *override.split())
+    assert f"'{key}'" in msg and override.split("=")[-1] in msg
 
 
 def test_valid_edges_load():
     cfg = load_config(BANDIT, ["algo.filter.keep_frac=1.0", "algo.clip_low=0", "algo.best_worst_k=4",
-                               "algo.dual_clip=3", "train.group_size=2", "algo.best_worst_k=1"])
+                               "algo.policy_loss=dual_clip", "algo.dual_clip=3", "train.group_size=2",
+                               "algo.best_worst_k=1"])
     assert cfg.algo.best_worst_k == 1 and cfg.train.group_size == 2
 
 
@@ -172,7 +175,7 @@ def test_unknown_reward_and_reward_arguments(tmp_path):
     assert load_config(BANDIT, ["rewards=[{name: numeric, rel_tol: 0.1}]"]).rewards[0]["rel_tol"] == 0.1
     msg = _error(BANDIT, f"rewards=[{{name: '{tmp_path}/nope.py:fn'}}]")
     assert "does not exist" in msg and "nope.py" in msg
-    msg = _error(BANDIT, "rewards=[{name: 'mmrl.bandit:no_such_fn'}]")
+    msg = _error(BANDIT, "rewards=[{name: 'mmrl.testing.bandit:no_such_fn'}]")
     assert "has no attribute 'no_such_fn'" in msg
 
 
@@ -187,7 +190,7 @@ def test_reward_plugin_with_kwargs_checked(tmp_path):
 def test_data_sources_are_checked_at_load(tmp_path):
     msg = _error(BANDIT, f"data.train={tmp_path}/missing.jsonl")
     assert "'data.train'" in msg and "does not exist" in msg
-    msg = _error(BANDIT, "data.train=mmrl.bandit:nothing")
+    msg = _error(BANDIT, "data.train=mmrl.testing.bandit:nothing")
     assert "'data.train'" in msg and "has no attribute" in msg
     msg = _error(BANDIT, "data.train_kwargs.num_context=3")
     assert "'data.train_kwargs'" in msg and "'num_context'" in msg
@@ -233,12 +236,12 @@ def test_missing_extras_are_config_errors(monkeypatch):
 
 def test_third_party_adapter_by_reference(tmp_path):
     """`policy.name: file.py:attr` names an adapter outside mmrl: no edit of the registry."""
-    from mmrl.trainer import train
+    from mmrl.loop.trainer import train
 
     adapter = tmp_path / "my_adapter.py"
     adapter.write_text(
         "from dataclasses import dataclass\n"
-        "import mmrl.bandit as base\n\n"
+        "import mmrl.testing.bandit as base\n\n"
         "@dataclass(frozen=True)\n"
         "class Config(base.Config):\n"
         "    name: str = 'mine'\n\n"
@@ -255,7 +258,7 @@ def test_third_party_adapter_by_reference(tmp_path):
     assert type(cfg.policy).__module__.startswith("mmrl_user_my_adapter")
     train(cfg)
     assert os.path.isfile(tmp_path / "run" / "metrics.jsonl")
-    msg = _error(BANDIT, "policy.name=mmrl.bandit:match")
+    msg = _error(BANDIT, "policy.name=mmrl.testing.bandit:match")
     assert "'policy.name'" in msg and "not an adapter" in msg
 
 

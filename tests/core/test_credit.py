@@ -1,4 +1,4 @@
-"""Turn-level credit (mmrl/credit.py) against hand-computed tables."""
+"""Turn-level credit (mmrl/algorithms/credit.py) against hand-computed tables."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmrl.config import ConfigError, load_config
-from mmrl.credit import CreditConfig, discounted_returns, normalised_within, token_advantages
+from mmrl.algorithms.credit import CreditConfig, discounted_returns, normalised_within, token_advantages
 from rewards.sample import Sample
 from testkit import REPO
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from mmrl.bandit import BanditPolicy
+from mmrl.testing.bandit import BanditPolicy
 from mmrl.types import Rollout, concat, select
 from helpers import run_bandit, train_rows
 

@@ -1,10 +1,10 @@
-"""mmrl.determinism: weights re-homed at aligned addresses (keeping Parameters and ties), fixed-row batching,
+"""mmrl.distributed.determinism: weights re-homed at aligned addresses (keeping Parameters and ties), fixed-row batching,
 every model the adapters and rewards load aligned, and the kernel-limiting settings."""
 
 import pytest
 import torch
 
-from mmrl.determinism import ALIGNMENT, ISA_LIMITS, align_weights, fixed_rows, isa_env, lower_isa, misaligned
+from mmrl.distributed.determinism import ALIGNMENT, ISA_LIMITS, align_weights, fixed_rows, isa_env, lower_isa, misaligned
 
 
 def _misaligned_linear() -> torch.nn.Linear:

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from mmrl.losses import LossSpec, clipped_surrogate, policy_loss
-from mmrl.reduce import Accumulator
+from mmrl.algorithms.losses import LossSpec, clipped_surrogate, policy_loss
+from mmrl.distributed.reduce import Accumulator
 from mmrl.types import Scores
 
 KEYS = ("clip_frac", "clip_frac/low", "clip_frac/high", "clip_frac/dual")
@@ -112,23 +112,24 @@ def test_clip_higher_sides_with_a_mask_and_the_eps_swapped():
 def test_loss_spec_takes_every_algo_key_from_the_config():
     """The update's LossSpec carries each `algo.*` loss key as loaded (none dropped back to its default)."""
     from mmrl.config import load_config
-    from mmrl.losses import LossSpec
-    from mmrl.update import loss_spec
+    from mmrl.algorithms.losses import LossSpec
+    from mmrl.algorithms.objectives.pg import loss_spec
     from testkit import BANDIT
 
-    cfg = load_config(BANDIT, ["algo.clip_low=0.1", "algo.clip_high=0.3", "algo.dual_clip=3.0",
-                               "algo.ratio_level=sequence", "algo.aggregation=seq-mean-token-sum",
+    cfg = load_config(BANDIT, ["algo.clip_low=0.1", "algo.clip_high=0.3", "algo.policy_loss=dual_clip",
+                               "algo.dual_clip=2.5", "algo.aggregation=seq-mean-token-sum",
                                "algo.kl_beta=0.05", "algo.kl_estimator=k2", "algo.entropy_coef=0.01"])
-    assert loss_spec(cfg.algo) == LossSpec(clip_low=0.1, clip_high=0.3, dual_clip=3.0, ratio_level="sequence",
+    assert loss_spec(cfg.algo) == LossSpec(policy_loss="dual_clip", clip_low=0.1, clip_high=0.3, dual_clip=2.5,
                                            aggregation="seq-mean-token-sum", kl_beta=0.05, kl_estimator="k2",
                                            entropy_coef=0.01)
 
 
-def test_policy_loss_passes_dual_clip_and_ratio_level_and_masks_its_metrics():
-    """policy_loss hands algo.dual_clip and algo.ratio_level to the surrogate (its loss equals the surrogate's
+def test_policy_loss_runs_the_named_loss_and_masks_its_metrics():
+    """policy_loss runs the named entry: dual_clip with its constant (3 when unset), gspo at the sequence level
+    (its loss equals the clipped surrogate's
     aggregated by hand); kl and entropy metrics are means over the mask only (masked positions may hold
     anything); pg_loss is weighted by tokens for token-mean and by sequences otherwise."""
-    from mmrl.losses import aggregate
+    from mmrl.algorithms.losses import aggregate
 
     logp = torch.tensor([[0.0, 1.5, 0.3], [0.2, -0.4, 9.0]])            # [2, 3]
     old = torch.zeros(2, 3)
@@ -136,16 +137,19 @@ def test_policy_loss_passes_dual_clip_and_ratio_level_and_masks_its_metrics():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     ref = torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.0, 50.0]])
     ent = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 100.0]])
-    for spec in (LossSpec(dual_clip=3.0), LossSpec(ratio_level="sequence"),
-                 LossSpec(dual_clip=3.0, ratio_level="sequence", aggregation="seq-mean-token-mean")):
+    cases = [(LossSpec(policy_loss="dual_clip", dual_clip=2.0), dict(dual_clip=2.0)),
+             (LossSpec(policy_loss="dual_clip"), dict(dual_clip=3.0)),
+             (LossSpec(policy_loss="gspo"), dict(level="sequence")),
+             (LossSpec(policy_loss="gspo", aggregation="seq-mean-token-mean"), dict(level="sequence"))]
+    for spec, how in cases:
         loss, metrics = policy_loss(Scores(logp, entropy=ent), old, adv, mask, None, spec)
-        l, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=spec.dual_clip,
-                                 level=spec.ratio_level)
+        l, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, **how)
         torch.testing.assert_close(loss, aggregate(l, mask, spec.aggregation))
         assert float(metrics["pg_loss"].weight) == (5.0 if spec.aggregation == "token-mean" else 2.0)
         assert float(metrics["entropy"].value) == 3.0                  # (1+2+3+4+5) / 5
     plain, _ = policy_loss(Scores(logp), old, adv, mask, None, LossSpec())
-    assert abs(float(plain) - float(policy_loss(Scores(logp), old, adv, mask, None, LossSpec(dual_clip=3.0))[0])) > 1e-3
+    dual = policy_loss(Scores(logp), old, adv, mask, None, LossSpec(policy_loss="dual_clip"))[0]
+    assert abs(float(plain) - float(dual)) > 1e-3
     _, metrics = policy_loss(Scores(logp), old, adv, mask, ref, LossSpec(kl_beta=0.1, kl_estimator="k1"))
     expected_kl = float(((logp - ref) * mask).sum() / 5)
     assert float(metrics["kl"].value) == pytest.approx(expected_kl) and float(metrics["kl"].weight) == 5.0

@@ -1,4 +1,4 @@
-"""The EMA of the trained weights (`train.ema_decay`, mmrl/ema.py): its update rule against hand-computed
+"""The EMA of the trained weights (`train.ema_decay`, mmrl/loop/ema.py): its update rule against hand-computed
 tables, the swap for evaluation that puts the trained weights back bit for bit, skipped steps, and in the
 trainer: evaluation on the average, the export file, resume, and decay 0 keeping nothing."""
 
@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import mmrl.update as update
+import mmrl.loop.update as update
 from helpers import bandit_cfg, read_metrics, run_bandit
-from mmrl import checkpoint
-from mmrl.bandit import BanditPolicy
-from mmrl.bandit import Config as BanditConfig
-from mmrl.ema import EMA, averaged_weights, build_ema
-from mmrl.trainer import fit, setup
+from mmrl.state import checkpoint
+from mmrl.testing.bandit import BanditPolicy
+from mmrl.testing.bandit import Config as BanditConfig
+from mmrl.loop.ema import EMA, averaged_weights, build_ema
+from mmrl.loop.trainer import fit, setup
 
 EMA_RUN = ["max_steps=6", "checkpoint.every=3", "eval.every=3", "train.ema_decay=0.9"]
 
@@ -120,7 +120,7 @@ def test_save_and_load_round_trip_and_refuse_other_shapes(tmp_path):
 
 @pytest.mark.parametrize("grad, loss", [([math.nan], 1.0), ([1.0], math.inf)])
 def test_a_skipped_optimizer_step_does_not_update_the_average(grad, loss):
-    """A non-finite gradient or loss skips the optimizer step (mmrl/update.py) and the EMA with it: neither its
+    """A non-finite gradient or loss skips the optimizer step (mmrl/loop/update.py) and the EMA with it: neither its
     average nor its step count k moves; the next good step updates it as the first."""
     w = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([w], lr=1.0)

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from mmrl.checks import check_all
+from mmrl.config.checks import check_all
 from mmrl.config import ConfigError
-from mmrl.summary import summary_text
+from mmrl.reporting.summary import summary_text
 from helpers import bandit_cfg, read_metrics, run_bandit
 
-DIAG = "eval.diagnostics=[{name: 'mmrl.bandit:match', label: acc}]"
+DIAG = "eval.diagnostics=[{name: 'mmrl.testing.bandit:match', label: acc}]"
 
 
 def test_diagnostics_are_logged_at_every_evaluation_and_never_in_training_rows(tmp_path):

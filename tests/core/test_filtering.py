@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import run_bandit, train_rows
-from mmrl.filtering import FILTERS, group_spread
+from mmrl.algorithms.filtering import FILTERS, group_spread
 
 NAN = float("nan")
 
@@ -101,7 +101,7 @@ def test_every_filter_returns_bool_per_group(name):
 
 
 def test_best_and_worst_by_hand():
-    from mmrl.filtering import best_and_worst
+    from mmrl.algorithms.filtering import best_and_worst
 
     nan = float("nan")
     r = torch.tensor([[0.1, 0.9, 0.5, 0.3, 0.7, 0.2],

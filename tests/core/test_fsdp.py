@@ -1,4 +1,4 @@
-"""FSDP2 (`distributed.strategy: fsdp`, mmrl/sharding.py) on CPU over gloo: a 2-process sharded run of the tiny
+"""FSDP2 (`distributed.strategy: fsdp`, mmrl/distributed/sharding.py) on CPU over gloo: a 2-process sharded run of the tiny
 VLM and SD3 configs, LoRA and full fine-tuning, samples what a 1-process unsharded run samples, and its losses,
 gradient norms and trained weights after 3 steps agree within 1e-5; full fine-tuning keeps at most 0.6x the
 parameter and optimizer bytes per process. A SIGKILLed sharded run resumes like an unbroken one, and its
@@ -15,7 +15,7 @@ import pytest
 from safetensors.torch import load_file
 
 from helpers import free_port, read_metrics
-from mmrl.determinism import isa_env, lower_isa
+from mmrl.distributed.determinism import isa_env, lower_isa
 from testkit import REPO, mmrl_cmd
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def _export(run_dir, out) -> dict:
 
 
 # every case with the machine's own kernels, and the diffusion cases and one VLM case again with the CPU kernels
-# limited to a lower instruction set (mmrl.determinism): an exactness that holds on one ISA only fails on any machine
+# limited to a lower instruction set (mmrl.distributed.determinism): an exactness that holds on one ISA only fails on any machine
 KERNEL_CASES = [(c, "native") for c in CASES] + [(c, "lower") for c in ("sd3_lora", "sd3_full", "vlm_lora")]
 
 

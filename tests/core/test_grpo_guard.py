@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from mmrl.config import ConfigError, load_config
-from mmrl.guard import ratio_norm
-from mmrl.losses import LossSpec, clipped_surrogate, policy_loss
-from mmrl.reduce import Metric
+from mmrl.algorithms.guard import ratio_norm
+from mmrl.algorithms.losses import LossSpec, clipped_surrogate, policy_loss
+from mmrl.distributed.reduce import Metric
 from mmrl.types import Scores
-from mmrl.update import loss_spec
+from mmrl.algorithms.objectives.pg import loss_spec
+from mmrl.config.policies import needs_ratio_norm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BANDIT = os.path.join(REPO, "configs", "tiny", "bandit.yaml")
@@ -70,7 +71,7 @@ def test_policy_loss_with_ratio_norm_table():
     # token-mean of the table above: (-0.904837 - 1.05 + 1.0 + 0.960789) / 4 = 0.005952 / 4 = 0.001488
     scores = Scores(log_probs=LOG_R.clone(), step_std=STD, mean_drift=DRIFT)
     loss, _ = policy_loss(scores, torch.zeros(2, 2), ADV, torch.ones(2, 2), None,
-                          LossSpec(clip_low=EPS, clip_high=EPS, ratio_norm=True))
+                          LossSpec(policy_loss="grpo_guard", clip_low=EPS, clip_high=EPS))
     close(loss, 0.001488)
 
 
@@ -82,8 +83,8 @@ def test_ratio_norm_on_policy_ratio_is_exactly_one_and_the_gradient_is_s_times_t
     logp = old.clone().requires_grad_(True)
     drift = torch.zeros(2, 2, requires_grad=True)        # the drift keeps its grad (through mu_theta)
     scores = Scores(log_probs=logp, step_std=STD, mean_drift=drift)
-    loss, m = policy_loss(scores, old, ADV, torch.ones(2, 2), None, LossSpec(clip_low=EPS, clip_high=EPS,
-                                                                              ratio_norm=True))
+    loss, m = policy_loss(scores, old, ADV, torch.ones(2, 2), None, LossSpec(policy_loss="grpo_guard",
+                                                                              clip_low=EPS, clip_high=EPS))
     assert float(m["ratio/max_abs_dev"].value) == 0.0
     assert float(m["ratio/mean"].value) == 1.0
     loss.backward()
@@ -131,11 +132,11 @@ def test_both_options_together_table():
     #   token-mean: (-3.619348 - 2.1 + 10.0 + 0.960789) / 4 = 5.241441 / 4 = 1.310360
     scores = Scores(log_probs=LOG_R.clone(), step_std=STD, mean_drift=DRIFT, step_weight=T([[4.0, 2.0], [10.0, 1.0]]))
     loss, _ = policy_loss(scores, torch.zeros(2, 2), ADV, torch.ones(2, 2), None,
-                          LossSpec(clip_low=EPS, clip_high=EPS, ratio_norm=True, step_reweight=True))
+                          LossSpec(policy_loss="grpo_guard", clip_low=EPS, clip_high=EPS, step_reweight=True))
     close(loss, 1.310360, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec,needs", [(LossSpec(ratio_norm=True), "algo.ratio_norm"),
+@pytest.mark.parametrize("spec,needs", [(LossSpec(policy_loss="grpo_guard"), "algo.policy_loss=grpo_guard"),
                                         (LossSpec(step_reweight=True), "algo.step_reweight")])
 def test_missing_terms_name_the_key(spec, needs):
     with pytest.raises(ValueError, match=needs):
@@ -176,18 +177,20 @@ def test_ratio_norm_removes_the_left_shift_and_the_step_dependence():
 # ------------------------------------------------------------------ config
 def test_defaults_are_off_and_loss_spec_carries_the_keys():
     algo = load_config(SD3_TINY, []).algo
-    assert not algo.ratio_norm and not algo.step_reweight
-    spec = loss_spec(load_config(SD3_TINY, ["algo.ratio_norm=true", "algo.step_reweight=true"]).algo)
-    assert spec.ratio_norm and spec.step_reweight
+    assert algo.policy_loss == "ppo_clip" and not needs_ratio_norm(algo) and not algo.step_reweight
+    algo = load_config(SD3_TINY, ["algo.policy_loss=grpo_guard", "algo.step_reweight=true"]).algo
+    spec = loss_spec(algo)
+    assert needs_ratio_norm(algo) and spec.policy_loss == "grpo_guard" and spec.step_reweight
 
 
-@pytest.mark.parametrize("key", ["algo.ratio_norm", "algo.step_reweight"])
-def test_policies_without_gaussian_steps_are_a_config_error(key):
+@pytest.mark.parametrize("override,key", [("algo.policy_loss=grpo_guard", "algo.policy_loss"),
+                                          ("algo.step_reweight=true", "algo.step_reweight")])
+def test_policies_without_gaussian_steps_are_a_config_error(override, key):
     with pytest.raises(ConfigError, match=f"config key '{key}'.*policy 'bandit'"):
-        load_config(BANDIT, [f"{key}=true"])
+        load_config(BANDIT, [override])
 
 
 def test_step_reweight_with_ddim_is_a_config_error_ratio_norm_is_not():
     with pytest.raises(ConfigError, match="config key 'algo.step_reweight'.*DDIM"):
         load_config(SD_TINY, ["algo.step_reweight=true"])
-    assert load_config(SD_TINY, ["algo.ratio_norm=true"]).algo.ratio_norm
+    assert needs_ratio_norm(load_config(SD_TINY, ["algo.policy_loss=grpo_guard"]).algo)

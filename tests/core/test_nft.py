@@ -1,4 +1,4 @@
-"""DiffusionNFT's core (mmrl/nft.py): the loss and its gradient against hand computations, the optimality
+"""DiffusionNFT's core (mmrl/algorithms/objectives/nft.py): the loss and its gradient against hand computations, the optimality
 probability r, the old-policy decay schedule, and the limiting cases of the paper's objective."""
 
 import os
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmrl.config import ConfigError, load_config
-from mmrl.nft import nft_loss, old_decay, optimality
+from mmrl.algorithms.objectives.nft import nft_loss, old_decay, optimality
 
 
 def T(rows):
@@ -136,7 +136,7 @@ def test_nft_with_a_policy_without_a_forward_process_loss_is_a_config_error(name
     ("algo.nft.timesteps=-1", "algo.nft.timesteps"), ("algo.nft.old_decay_rate=-0.1", "algo.nft.old_decay_rate"),
     ("algo.nft.old_decay_max=1.0", "algo.nft.old_decay_max"),
     ("algo.nft.old_decay_delay=-2", "algo.nft.old_decay_delay"),
-    ("algo.ratio_norm=true", "algo.ratio_norm"), ("algo.step_reweight=true", "algo.step_reweight"),
+    ("algo.policy_loss=grpo_guard", "algo.policy_loss"), ("algo.step_reweight=true", "algo.step_reweight"),
     ("algo.entropy_coef=0.01", "algo.entropy_coef"),
 ])
 def test_nft_ranges_and_policy_gradient_only_options_name_the_key(override, key):

@@ -10,8 +10,8 @@ import torch
 
 from helpers import read_metrics, run_bandit, train_rows
 from mmrl.config import ConfigError, load_config
-from mmrl.losses import LossSpec, aggregate, policy_loss
-from mmrl.policy_losses import POLICY_LOSSES, SurrogateInput, resolve, surrogate
+from mmrl.algorithms.losses import LossSpec, aggregate, policy_loss
+from mmrl.algorithms.policy_losses import POLICY_LOSSES, SurrogateInput, resolve, surrogate
 from mmrl.types import Scores
 from testkit import BANDIT, mmrl_cmd
 
@@ -48,7 +48,7 @@ def test_cispo_table_weights_each_token_by_its_clipped_detached_ratio():
     assert float(m["clip_frac/low"].value) == pytest.approx(2 / 7)
 
 
-def test_cispo_on_policy_has_the_ppo_clip_gradient_and_sequence_level_shares_a_weight():
+def test_cispo_on_policy_has_the_ppo_clip_gradient():
     torch.manual_seed(0)
     logp0, adv, mask = torch.randn(3, 5), torch.randn(3, 5), torch.ones(3, 5)
     grads = {}
@@ -58,9 +58,55 @@ def test_cispo_on_policy_has_the_ppo_clip_gradient_and_sequence_level_shares_a_w
         aggregate(l, mask, "token-mean").backward()
         grads[name] = logp.grad
     torch.testing.assert_close(grads["cispo"], grads["ppo_clip"], rtol=0, atol=0)
-    # sequence level: r = exp(mean_t log r) = exp((log 2 + 0) / 2) = sqrt 2 for both tokens -> w = min(1.414, 1.28)
-    logp, l, _ = _cispo([[2.0, 1.0]], [1], spec=LossSpec(policy_loss="cispo", clip_high=0.28, ratio_level="sequence"))
-    torch.testing.assert_close(l, T([[-1.28 * math.log(2.0), 0.0]]), rtol=0, atol=1e-6)
+
+
+def test_gspo_dual_clip_and_grpo_guard_tables():
+    """Each clipped entry by hand on one sample, ratios r = (2, 1) on two actions, eps = 0.2 / 0.28."""
+    old, mask = torch.zeros(1, 2), torch.ones(1, 2)
+    logp = torch.log(T([[2.0, 1.0]]))
+    spec = LossSpec(clip_low=0.2, clip_high=0.28)
+    # gspo: s = exp(mean log r) = sqrt 2 = 1.41421 for both actions; A = 1 > 0 clips at 1.28: l = -1.28 each
+    l, m = surrogate("gspo", SurrogateInput(logp, old, T([[1.0, 1.0]]), mask), spec)
+    torch.testing.assert_close(l, T([[-1.28, -1.28]]), rtol=0, atol=1e-6)
+    assert float(m["clip_frac"].value) == 1.0
+    # ppo_clip per token for comparison: r 2 clips at 1.28, r 1 does not -> (-1.28, -1)
+    l, _ = surrogate("ppo_clip", SurrogateInput(logp, old, T([[1.0, 1.0]]), mask), spec)
+    torch.testing.assert_close(l, T([[-1.28, -1.0]]), rtol=0, atol=1e-6)
+    # dual_clip, A = -1: ppo gives max(-r A, -clip(r) A) = (2, 1); the cap -c A = 3 (c unset: 3) or 1.5 (c = 1.5)
+    adv = T([[-1.0, -1.0]])
+    l, m = surrogate("dual_clip", SurrogateInput(logp, old, adv, mask), spec)
+    torch.testing.assert_close(l, T([[2.0, 1.0]]), rtol=0, atol=1e-6)
+    l, m = surrogate("dual_clip", SurrogateInput(logp, old, adv, mask), LossSpec(clip_low=0.2, clip_high=0.28,
+                                                                                 dual_clip=1.5))
+    torch.testing.assert_close(l, T([[1.5, 1.0]]), rtol=0, atol=1e-6)
+    assert float(m["clip_frac/dual"].value) == 0.5
+    # grpo_guard: log r_hat = s (log r + b) with s = 0.5, b = (0, log 2): r_hat = (sqrt 2, sqrt 2) -> -1.28 each
+    std, drift = torch.full((1, 2), 0.5), T([[0.0, math.log(2.0)]])
+    l, m = surrogate("grpo_guard", SurrogateInput(logp, old, T([[1.0, 1.0]]), mask, (std, drift)), spec)
+    torch.testing.assert_close(l, T([[-1.28, -1.28]]), rtol=0, atol=1e-6)
+    assert float(m["ratio/raw_mean"].value) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="grpo_guard.*step_std"):
+        surrogate("grpo_guard", SurrogateInput(logp, old, T([[1.0, 1.0]]), mask), spec)
+
+
+def test_flags_that_became_losses_name_the_loss_and_saved_configs_migrate(tmp_path):
+    from mmrl.config import migrate
+
+    for key, value, loss in (("algo.ratio_level", "sequence", "gspo"), ("algo.ratio_norm", "true", "grpo_guard"),
+                             ("algo.ratio_level", "token", "gspo")):
+        with pytest.raises(ConfigError, match=rf"'{key}' is gone.*algo.policy_loss={loss}"):
+            load_config(BANDIT, [f"output_dir={tmp_path}", f"{key}={value}"])
+    saved = {"algo": {"policy_loss": "ppo_clip", "ratio_level": "sequence", "ratio_norm": False, "dual_clip": None}}
+    assert migrate(saved)["algo"] == {"policy_loss": "gspo", "dual_clip": None}
+    saved = {"algo": {"policy_loss": "ppo_clip", "ratio_level": "token", "ratio_norm": True}}
+    assert migrate(saved)["algo"] == {"policy_loss": "grpo_guard"}
+    saved = {"algo": {"policy_loss": "ppo_clip", "ratio_level": "token", "ratio_norm": False, "dual_clip": 3.0}}
+    assert migrate(saved)["algo"] == {"policy_loss": "dual_clip", "dual_clip": 3.0}
+    with pytest.raises(ConfigError, match="policy_loss=cispo.*'gspo'.*start a new run"):
+        migrate({"algo": {"policy_loss": "cispo", "ratio_level": "sequence"}})
+    # GRPO-Guard's loss needs Gaussian denoising steps: the bandit has none
+    with pytest.raises(ConfigError, match=r"'algo.policy_loss' \(grpo_guard\): GRPO-Guard needs"):
+        load_config(BANDIT, [f"output_dir={tmp_path}", "algo.policy_loss=grpo_guard"])
 
 
 def test_policy_loss_uses_the_configured_entry():
@@ -73,11 +119,14 @@ def test_policy_loss_uses_the_configured_entry():
 
 
 def test_the_registry_lists_its_entries_and_refuses_what_a_loss_cannot_honour(tmp_path):
-    assert {"ppo_clip", "cispo"} <= set(POLICY_LOSSES.names())
-    with pytest.raises(ConfigError, match=r"algo.policy_loss.*unknown policy loss 'ppo'; valid names: cispo, ppo_clip"):
+    assert POLICY_LOSSES.names() == ["cispo", "dual_clip", "grpo_guard", "gspo", "ppo_clip"]
+    with pytest.raises(ConfigError, match=r"algo.policy_loss.*unknown policy loss 'ppo'; valid names: cispo, "
+                                          r"dual_clip, grpo_guard, gspo, ppo_clip"):
         load_config(BANDIT, [f"output_dir={tmp_path}", "algo.policy_loss=ppo"])
-    with pytest.raises(ConfigError, match=r"algo.dual_clip.*cispo clips the importance weight"):
-        load_config(BANDIT, [f"output_dir={tmp_path}", "algo.policy_loss=cispo", "algo.dual_clip=3"])
+    for loss in ("cispo", "ppo_clip", "gspo"):
+        with pytest.raises(ConfigError, match=rf"algo.dual_clip.*constant of algo.policy_loss=dual_clip; with "
+                                              rf"algo.policy_loss={loss} set algo.dual_clip=null"):
+            load_config(BANDIT, [f"output_dir={tmp_path}", f"algo.policy_loss={loss}", "algo.dual_clip=3"])
     with pytest.raises(ConfigError, match=r"algo.policy_loss.*does not exist"):
         load_config(BANDIT, [f"output_dir={tmp_path}", f"algo.policy_loss={tmp_path}/none.py:fn"])
     (tmp_path / "notfn.py").write_text("LOSS = 3\n")
@@ -89,10 +138,12 @@ def test_the_cli_names_the_registry_on_a_bad_policy_loss(tmp_path):
     done = subprocess.run(mmrl_cmd("train", BANDIT, f"output_dir={tmp_path}", "algo.policy_loss=nope"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert "unknown policy loss 'nope'; valid names: cispo, ppo_clip" in done.stderr
+    assert "unknown policy loss 'nope'; valid names: cispo, dual_clip, grpo_guard, gspo, ppo_clip" in done.stderr
     assert "Traceback" not in done.stderr
     shown = subprocess.run(mmrl_cmd("train", "--help"), capture_output=True, text=True, timeout=120).stdout
-    assert "algo.policy_loss: cispo, ppo_clip (or 'module:attr' / 'path/to/file.py:attr')" in shown
+    assert ("algo.policy_loss: cispo, dual_clip, grpo_guard, gspo, ppo_clip (or 'module:attr' / "
+            "'path/to/file.py:attr')") in shown
+    assert "algo.objective: nft, pg" in shown
 
 
 USER_LOSS = '''

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from testkit import REPO
 from helpers import bandit_cfg, run_bandit
-from mmrl.console import Progress, header
+from mmrl.reporting.console import Progress, header
 
 
 class Terminal(io.StringIO):

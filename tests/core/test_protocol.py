@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import run_bandit
-from mmrl.bandit import BanditPolicy
+from mmrl.testing.bandit import BanditPolicy
 from mmrl.data import eval_seed
 from mmrl.config import ConfigError
 from mmrl.types import (Evaluates, Exports, ForwardProcess, HasExtraState, HasReference, Policy, PolicyCannotEvaluate,
@@ -64,9 +64,9 @@ def test_the_adapters_implement_their_capabilities_without_inheriting_any():
 def test_cli_exits_2_when_the_policy_cannot_evaluate(tmp_path, monkeypatch, capsys, bandit_config):
     from mmrl.cli import main
 
-    import mmrl.bandit
+    import mmrl.testing.bandit
 
-    monkeypatch.setattr(mmrl.bandit, "build", lambda cfg, ctx: Minimal())     # a policy without generate_eval
+    monkeypatch.setattr(mmrl.testing.bandit, "build", lambda cfg, ctx: Minimal())     # a policy without generate_eval
     code = main(["train", bandit_config, f"output_dir={tmp_path}", "max_steps=1", "eval.every=1"])
     err = capsys.readouterr().err
     assert code == 2 and "eval.every=0" in err and "Traceback" not in err, err

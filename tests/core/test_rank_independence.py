@@ -7,7 +7,7 @@ enter through `reward/mean`, averaged over processes, and a reward that hashes e
 differing sample anywhere changes it.
 
 Each case runs twice: with the machine's own CPU kernels and with them limited to a lower instruction set
-(`mmrl.determinism.isa_env`). Before model weights were re-homed at aligned addresses, the SD3 case failed on an
+(`mmrl.distributed.determinism.isa_env`). Before model weights were re-homed at aligned addresses, the SD3 case failed on an
 AVX-512 machine natively (MKL rounds a weight at an 8-byte offset differently) and with the kernels limited to
 AVX2 (`ONEDNN_MAX_CPU_ISA` alone was enough to show it)."""
 
@@ -43,7 +43,7 @@ def _train(config: str, out: str, processes: int, rewards: str, kernels: str) ->
     cmd = [*launcher, "-m", "mmrl", "train", os.path.join(ROOT, "configs", "tiny", config), f"output_dir={out}",
            "max_steps=1", "eval.every=0", "checkpoint.every=0", "logging.save_samples_every=1",
            "train.prompts_per_step=4", "algo.filter.name=none", f"rewards={rewards}"]  # groups filter per process
-    from mmrl.determinism import isa_env, lower_isa
+    from mmrl.distributed.determinism import isa_env, lower_isa
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     env = env if kernels == "native" else isa_env(lower_isa(), env)
@@ -68,7 +68,7 @@ def _same_output(a, b, dir_a: str, dir_b: str) -> bool:
     return a == b
 
 
-# kernels: the machine's own, or limited to a lower instruction set (mmrl.determinism.lower_isa), so that an
+# kernels: the machine's own, or limited to a lower instruction set (mmrl.distributed.determinism.lower_isa), so that an
 # exactness that holds on one instruction set only fails on any machine
 @pytest.mark.parametrize("kernels", ["native", "lower"])
 @pytest.mark.parametrize("config,rewards", [

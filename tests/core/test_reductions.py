@@ -1,4 +1,4 @@
-"""Declared metric reductions (mmrl.reduce): hand-computed tables over microbatches, the
+"""Declared metric reductions (mmrl.distributed.reduce): hand-computed tables over microbatches, the
 scorer's metrics at the core boundary, the weighted reward total, the optimizer-step
 batch size, and a two-process (gloo) run of the process reduction.
 
@@ -16,11 +16,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mmrl.advantages import weighted_total
-from mmrl.collect import declare_reward_metrics
-from mmrl.losses import clipped_surrogate
-from mmrl.reduce import Accumulator, Metric, maximum, mean, minimum, summed, weighted_mean
-from mmrl.update import samples_per_optimizer_step
+from mmrl.algorithms.advantages import weighted_total
+from mmrl.loop.collect import declare_reward_metrics
+from mmrl.algorithms.losses import clipped_surrogate
+from mmrl.distributed.reduce import Accumulator, Metric, maximum, mean, minimum, summed, weighted_mean
+from mmrl.loop.update import samples_per_optimizer_step
 from helpers import free_port
 
 NAN = float("nan")
@@ -147,7 +147,7 @@ EXPECTED = {"clip_frac": 0.625, "loss": 3.0, "ratio/max_abs_dev": 0.7, "reward/a
 def _worker(out: str) -> None:
     import torch.distributed as dist
 
-    from mmrl.trainer import _reduce_metrics
+    from mmrl.loop.trainer import _reduce_metrics
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -1,5 +1,5 @@
 """Resume after SIGKILL continues exactly like an unbroken run (CPU, fixed seed), with an EMA of the weights
-(train.ema_decay, mmrl/ema.py): the evaluations run on the average, so it must be restored exactly too. The
+(train.ema_decay, mmrl/loop/ema.py): the evaluations run on the average, so it must be restored exactly too. The
 EMA only adds files and swaps to the checkpoint path of a run without one (tests/core/test_ema.py)."""
 
 import os

@@ -1,4 +1,4 @@
-"""Rollout-training mismatch correction (algo.rollout_correction, mmrl/rollout_correction.py): the weights
+"""Rollout-training mismatch correction (algo.rollout_correction, mmrl/algorithms/rollout_correction.py): the weights
 of each mode against hand-computed tables, their place in the loss, the mismatch metrics of a training step,
 and the checks at load."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from helpers import bandit_cfg, run_bandit, train_rows
-from mmrl.bandit import BanditPolicy
+from mmrl.testing.bandit import BanditPolicy
 from mmrl.config import ConfigError
-from mmrl.rollout_correction import weights
+from mmrl.algorithms.rollout_correction import weights
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.3, 0.0]])
 ENGINE = torch.tensor([[-1.0, -1.0, -1.5], [-0.3, -1.0, 0.0]])
@@ -46,7 +46,7 @@ def test_an_unreported_engine_log_prob_counts_as_no_mismatch():
 
 
 def test_the_weights_multiply_each_surrogate_term_only():
-    from mmrl.losses import LossSpec, aggregate, clipped_surrogate, policy_loss
+    from mmrl.algorithms.losses import LossSpec, aggregate, clipped_surrogate, policy_loss
     from mmrl.types import Scores
 
     torch.manual_seed(0)
@@ -79,7 +79,7 @@ def test_a_step_reports_the_mismatch_and_weights_the_update(tmp_path, monkeypatc
     assert plain["rollout/logprob_abs_diff"] == pytest.approx(0.1, abs=1e-6)
     assert "rollout/is_weight_mean" not in plain                    # measured, not corrected
 
-    monkeypatch.setattr("mmrl.policies.validate_rollout_correction", lambda cfg, algo: None)  # the bandit has no engine
+    monkeypatch.setattr("mmrl.config.policies.validate_rollout_correction", lambda cfg, algo: None)  # the bandit has no engine
     run_bandit(tmp_path / "tis", *steps, "algo.rollout_correction.mode=token_truncate", "algo.rollout_correction.max=1.05")
     (tis,) = train_rows(tmp_path / "tis")
     assert tis["rollout/is_weight_mean"] == pytest.approx(1.05)      # rho = e^0.1 = 1.105, truncated at 1.05

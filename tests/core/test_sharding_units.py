@@ -1,11 +1,12 @@
-"""The in-process parts of FSDP2 sharding (mmrl/sharding.py, mmrl/memory.py, mmrl/dcp.py, the VLM scorer's
+"""The in-process parts of FSDP2 sharding (mmrl/distributed/sharding.py, mmrl/distributed/memory.py, mmrl/state/dcp.py, the VLM scorer's
 shared layout, the distributed config section); the multi-process runs are in test_fsdp.py."""
 
 import pytest
 import torch
 
 from helpers import bandit_cfg
-from mmrl import dcp, memory, sharding
+from mmrl.state import dcp
+from mmrl.distributed import memory, sharding
 from mmrl.config import ConfigError, load_config
 from testkit import BANDIT
 
@@ -102,7 +103,7 @@ def test_one_layout_per_call_only_under_sharding(monkeypatch):
 
 def test_sharded_state_round_trips_in_one_process(tmp_path):
     """The DCP form of a run's state (weights, AdamW, EMA) written and read back without a process group."""
-    from mmrl.trainer import setup
+    from mmrl.loop.trainer import setup
 
     def run(name):
         return setup(bandit_cfg(tmp_path / name, "train.ema_decay=0.9"))
@@ -128,7 +129,7 @@ def test_sharded_state_round_trips_in_one_process(tmp_path):
 
 
 def test_a_failed_sharded_write_is_a_checkpoint_error_and_leaves_nothing(tmp_path, monkeypatch):
-    from mmrl import checkpoint
+    from mmrl.state import checkpoint
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -143,7 +144,7 @@ def test_accelerates_own_fsdp_launch_is_refused_with_the_way_to_launch(tmp_path,
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
 
-    import mmrl.trainer as trainer
+    import mmrl.loop.trainer as trainer
 
     class FSDPLaunched(Accelerator):
         @property

@@ -4,8 +4,8 @@ import json
 
 from PIL import Image
 
-from mmrl.samples import write_samples
-from mmrl.summary import before_after, plot_rewards, summary_text
+from mmrl.reporting.samples import write_samples
+from mmrl.reporting.summary import before_after, plot_rewards, summary_text
 from rewards.sample import Sample
 import torch
 

@@ -1,4 +1,4 @@
-"""One tiny-model cache (mmrl/tiny.py) for both adapters' `tiny:<name>` builders: $MMRL_TINY_CACHE
+"""One tiny-model cache (mmrl/testing/tiny.py) for both adapters' `tiny:<name>` builders: $MMRL_TINY_CACHE
 when set, else one default folder; a folder is built once, atomically."""
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from diffusion import tiny as diffusion_tiny
-from mmrl import tiny
+from mmrl.testing import tiny
 from vlm import tiny as vlm_tiny
 
 

@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from mmrl import checkpoint
-from mmrl.update import NonFiniteError
+from mmrl.state import checkpoint
+from mmrl.loop.update import NonFiniteError
 from helpers import read_metrics, run_bandit, train_rows
 
 CONTRACT = ["step", "reward/mean", "reward/match/mean", "loss", "grad_norm", "clip_frac", "time/step_s"]
@@ -46,7 +46,7 @@ def test_run_directory_and_metric_contract(tmp_path):
 
 
 def test_no_kl_metric_and_no_reference_call_when_beta_is_zero(tmp_path, monkeypatch):
-    from mmrl.bandit import BanditPolicy
+    from mmrl.testing.bandit import BanditPolicy
 
     def boom(*a, **k):
         raise AssertionError("reference forward ran with kl_beta=0")

@@ -192,16 +192,16 @@ def test_unknown_source_kind(tmp_path):
 
 
 def test_module_function_source():
-    rows = load_records("mmrl.bandit:contexts", {"num_contexts": 3, "num_arms": 5, "num_actions": 2})
+    rows = load_records("mmrl.testing.bandit:contexts", {"num_contexts": 3, "num_arms": 5, "num_actions": 2})
     assert [r["context"] for r in rows] == [0, 1, 2]
     for r in rows:
         arms = r["answer"].split()
         assert len(arms) == 2 and all(0 <= int(a) < 5 for a in arms)
-    assert rows == load_records("mmrl.bandit:contexts", {"num_contexts": 3, "num_arms": 5, "num_actions": 2})
+    assert rows == load_records("mmrl.testing.bandit:contexts", {"num_contexts": 3, "num_arms": 5, "num_actions": 2})
 
 
 def test_module_function_source_errors():
     with pytest.raises(ConfigError, match="data source"):
-        load_records("mmrl.bandit:no_such_function")
+        load_records("mmrl.testing.bandit:no_such_function")
     with pytest.raises(ConfigError, match="data source"):
         load_records("mmrl.no_such_module:contexts")

@@ -1,4 +1,4 @@
-"""The learner's optimizer step (`mmrl.update.optimizer_step`) in isolation: grad-norm clipping, skipping non-finite steps and the
+"""The learner's optimizer step (`mmrl.loop.update.optimizer_step`) in isolation: grad-norm clipping, skipping non-finite steps and the
 streak that stops a run; and the step totals of the loss normaliser across processes."""
 
 import math
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import mmrl.update as update
-from mmrl.losses import Normalizer
+import mmrl.loop.update as update
+from mmrl.algorithms.losses import Normalizer
 
 
 def _run(max_grad_norm: float, max_in_a_row: int = 3, lr: float = 1.0):
@@ -83,8 +83,8 @@ def test_normalizer_sums_the_step_over_processes_and_divides_by_their_number(mon
 def _bandit_step(tmp_path, n_prompts: int, *overrides):
     from helpers import bandit_cfg
 
-    from mmrl.collect import StepBatch
-    from mmrl.trainer import setup
+    from mmrl.loop.collect import StepBatch
+    from mmrl.loop.trainer import setup
     from mmrl.types import PromptBatch, select
 
     run = setup(bandit_cfg(tmp_path, "eval.every=0", "checkpoint.every=0", *overrides))

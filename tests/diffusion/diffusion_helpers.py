@@ -5,7 +5,7 @@ import os
 import torch
 
 from mmrl.config import load_config
-from mmrl.policies import BuildContext
+from mmrl.config.policies import BuildContext
 from mmrl.types import PromptBatch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

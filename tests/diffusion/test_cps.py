@@ -300,7 +300,7 @@ def test_tiny_sd3_trains_with_cps(tmp_path):
     inner ratio is exactly 1, the loss, KL and grad norm are finite, and the LoRA weights move."""
     from safetensors.torch import load_file
 
-    from mmrl.trainer import train
+    from mmrl.loop.trainer import train
 
     train(load_config(tiny_config("sd3"), [f"output_dir={tmp_path}", "max_steps=2", "eval.every=0",
                                            "checkpoint.every=1", "logging.progress=false",

@@ -94,7 +94,7 @@ def test_resumed_step_equals_an_uninterrupted_run(run, tmp_path):
     """Step 3 after a resume is the step 3 of a straight 3-step run (weights, sampler, RNG restored)."""
     kind, out, _, _, _ = run
     from mmrl.config import load_config
-    from mmrl.trainer import train as train_in_process
+    from mmrl.loop.trainer import train as train_in_process
 
     train_in_process(load_config(tiny_config(kind), [f"output_dir={tmp_path}", "max_steps=3", "eval.every=2",
                                                      "checkpoint.every=1", "logging.progress=false"]))

@@ -13,7 +13,7 @@ import torch
 from diffusion_helpers import perturb_lora, policy_config, prompts, tiny_config
 from diffusion.sampler import rescore, transitions
 from mmrl.config import ConfigError
-from mmrl.policies import BuildContext
+from mmrl.config.policies import BuildContext
 from testkit import mmrl_cmd
 
 TEXTS = ["a red circle", "a blue square"]
@@ -107,7 +107,7 @@ def test_cli_run_with_both_options(tmp_path):
     """Two steps of the SD3 smoke config with RatioNorm and the 1/dt reweighting, two update epochs (so the
     second epoch is off-policy and the drift is non-zero): finite loss, on-policy ratio exactly 1."""
     cmd = mmrl_cmd("train", tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2", "eval.every=0",
-                   "checkpoint.every=0", "train.update_epochs=2", "algo.ratio_norm=true", "algo.step_reweight=true",
+                   "checkpoint.every=0", "train.update_epochs=2", "algo.policy_loss=grpo_guard", "algo.step_reweight=true",
                    "algo.clip_low=1.0e-5", "algo.clip_high=1.0e-5")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -77,8 +77,8 @@ def test_wrong_adapter_shape_is_a_clear_error(tmp_path):
 def test_a_checkpoints_policy_ema_file_loads_in_diffusers_as_the_average(tmp_path):
     """With an EMA (train.ema_decay) a checkpoint also holds policy_ema.safetensors: the averaged LoRA in the
     same diffusers format, so `load_lora_weights` gives the averaged model, not the trained one."""
-    from mmrl import checkpoint
-    from mmrl.ema import EMA
+    from mmrl.state import checkpoint
+    from mmrl.loop.ema import EMA
 
     policy = build("sd3")
     params = policy.trainable_parameters()

@@ -8,8 +8,8 @@ import torch
 from diffusion import nft
 from diffusion_helpers import perturb_lora, policy_config, prompts, tiny_config
 from mmrl.config import ConfigError, load_config
-from mmrl.nft import NFTSpec
-from mmrl.policies import BuildContext
+from mmrl.algorithms.objectives.nft import NFTSpec
+from mmrl.config.policies import BuildContext
 
 TEXTS = ["a red circle", "a blue square"]
 

@@ -31,7 +31,7 @@ def test_recipe_loads_as_written(name):
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_training_plan_builds_on_a_tiny_model(name, tmp_path):
-    from mmrl.trainer import setup
+    from mmrl.loop.trainer import setup
 
     family, t = RECIPES[name]
     overrides = [f"policy.model=tiny:{family}", "policy.height=16", "policy.width=16", "policy.max_sequence_length=8",

@@ -27,7 +27,7 @@ def test_committed_model_loads_offline_with_a_low_but_nonzero_held_out_score(tmp
 
 
 def test_shortened_default_raises_the_held_out_reward_without_stray_pixels(tmp_path, eval_curve_of):
-    from mmrl.summary import read_rows
+    from mmrl.reporting.summary import read_rows
 
     curve = eval_curve_of(CONFIG, tmp_path, f"policy.model={MODEL}", f"max_steps={SHORT_STEPS}",
                           f"eval.every={SHORT_STEPS}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from mmrl.summary import read_rows
+from mmrl.reporting.summary import read_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "tiny", "t2i_shapes_grpo.yaml")

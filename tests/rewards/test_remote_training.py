@@ -12,7 +12,7 @@ import pytest
 from reward_server_kit import start_cli_server
 from testkit import BANDIT, mmrl_cmd
 
-REWARD = "mmrl.bandit:match"
+REWARD = "mmrl.testing.bandit:match"
 
 
 def _train(out, *overrides, check=True) -> subprocess.CompletedProcess:

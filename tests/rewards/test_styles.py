@@ -121,7 +121,7 @@ def test_training_with_each_framework_style_scores_like_the_native_reward(tmp_pa
     """The bandit trains on its native `match`; the same reward written for TRL, veRL and EasyR1 is
     scored alongside (weight 0) and gives the same reward/<label>/mean at every step."""
     entries = ", ".join([
-        "{name: 'mmrl.bandit:match', label: match}",
+        "{name: 'mmrl.testing.bandit:match', label: match}",
         f"{{name: '{EXAMPLES}:trl_match', style: trl, weight: 0, label: trl}}",
         f"{{name: '{EXAMPLES}:compute_score', weight: 0, label: verl}}",
         f"{{name: '{EXAMPLES}:easyr1_match', style: easyr1, weight: 0, label: easyr1, format_weight: 0.0}}"])

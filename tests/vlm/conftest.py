@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from mmrl.policies import BuildContext
+from mmrl.config.policies import BuildContext
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,7 +22,7 @@ def test_there_are_agent_recipes_for_sokoban_and_frozenlake():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[os.path.basename(r)[:-5] for r in RECIPES])
 def test_agent_recipe_runs_one_step_with_a_tiny_model(recipe, tmp_path):
-    from mmrl.trainer import train
+    from mmrl.loop.trainer import train
 
     base = load_config(recipe)
     assert base.policy.model.startswith("Qwen/Qwen2.5-VL") and base.algo.kl_beta == 0.0

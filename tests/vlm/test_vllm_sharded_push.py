@@ -8,8 +8,8 @@ from testkit import fresh_python
 
 CODE = r'''
 import torch
-from mmrl import sharding
-from mmrl.policies import BuildContext
+from mmrl.distributed import sharding
+from mmrl.config.policies import BuildContext
 from vlm.policy import Config, LoraSection, build
 from vlm.vllm_backend import hf_weights, sharded_hf_weights
 

@@ -11,7 +11,7 @@ import torch
 
 from mmrl.config import ENV_KEYS, EnvConfig
 from mmrl.episodes import EpisodeMeta
-from mmrl.policies import BuildContext
+from mmrl.config.policies import BuildContext
 from mmrl.types import PromptBatch, select
 from vlm.episodes import extract_action
 
@@ -234,7 +234,7 @@ def test_turn_level_credit_reaches_the_update(credit, tmp_path):
     from omegaconf import OmegaConf
 
     from mmrl.config import load_config
-    from mmrl.trainer import fit, setup
+    from mmrl.loop.trainer import fit, setup
     from testkit import REPO
 
     node = OmegaConf.load(os.path.join(REPO, "configs", "tiny", "agent_tiny.yaml"))

@@ -48,7 +48,7 @@ def _read_metrics(out_dir):
 def test_every_first_epoch_microbatch_has_ratio_exactly_one(tmp_path, scoring):
     """Microbatches of 3 mixing two dynamic-sampling rounds (two layouts), scored with a shared prefix or
     packed: ratio - 1 is exactly 0."""
-    from mmrl.trainer import train
+    from mmrl.loop.trainer import train
 
     cfg = load_config(CONFIG, [
         f"output_dir={tmp_path}", "max_steps=1", "eval.every=0", "checkpoint.every=0", scoring,

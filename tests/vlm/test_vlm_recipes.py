@@ -135,7 +135,7 @@ def _data_for(recipe_cfg, prepared) -> str:
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[os.path.basename(r)[:-5] for r in RECIPES])
 def test_recipe_runs_one_step_with_a_tiny_model(recipe, prepared, tmp_path):
-    from mmrl.trainer import train
+    from mmrl.loop.trainer import train
 
     base = load_config(recipe)
     assert base.policy.name == "vlm" and base.data.train == "vlm.data:load"

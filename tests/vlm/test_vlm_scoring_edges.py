@@ -6,7 +6,7 @@ computed here independently of the code under test:
 - the image-token check in both directions (too few and too many placeholders, vlm/prompts.py and
   vlm/batch.py);
 - `policy.truncation=left` drops the earliest text tokens only (vlm/prompts.py);
-- `algo.max_len_norm` from a loaded config reaches the loss of the training update (mmrl/update.py).
+- `algo.max_len_norm` from a loaded config reaches the loss of the training update (mmrl/loop/update.py).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _raw_logits(hf, items, comps, tokens):
 
 
 def _build(tmp, **overrides):
-    from mmrl.policies import BuildContext
+    from mmrl.config.policies import BuildContext
     from vlm.policy import Config, LoraSection, build
 
     fields = dict(model="tiny:qwen2_5_vl", min_pixels=784, max_pixels=3136, max_prompt_tokens=512,
@@ -271,8 +271,8 @@ def test_max_len_norm_from_the_config_sets_the_loss(tmp_path):
     """With algo.aggregation=seq-mean-token-sum-norm, the loss of the update step (one on-policy pass, ratio
     1, so per-token loss = -A) is -sum_i A_i len_i / (M * N) with M = algo.max_len_norm as loaded from the
     config, and M = the completion width T when it is unset."""
-    from mmrl.collect import StepBatch
-    from mmrl.trainer import setup
+    from mmrl.loop.collect import StepBatch
+    from mmrl.loop.trainer import setup
 
     def cfg_with(*extra):
         return load_config(VLM_TINY, [f"output_dir={tmp_path}", "eval.every=0", "checkpoint.every=0",

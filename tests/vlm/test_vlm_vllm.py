@@ -89,10 +89,10 @@ def test_vllm_logprobs_match_the_hf_recompute_before_and_after_a_push(make_polic
     assert not torch.equal(before, ro.log_probs)
     from types import SimpleNamespace
 
-    from mmrl.update import _engine_correction
+    from mmrl.algorithms.objectives.pg import engine_correction
 
     algo = SimpleNamespace(rollout_correction=SimpleNamespace(mode="token_truncate", max=2.0, min=None))
-    w, metrics = _engine_correction(ro, torch.arange(8), ro.log_probs, algo)
+    w, metrics = engine_correction(ro, torch.arange(8), ro.log_probs, algo)
     assert metrics["rollout/logprob_abs_diff"].value < 1e-5 and torch.allclose(w, ro.mask, atol=1e-4)
 
 
@@ -112,8 +112,8 @@ def test_placeholder_runs_are_sent_collapsed_and_the_expansion_is_checked():
 
 SHARDED = r'''
 import torch
-from mmrl import sharding
-from mmrl.policies import BuildContext
+from mmrl.distributed import sharding
+from mmrl.config.policies import BuildContext
 from mmrl.types import PromptBatch
 from shapes_world.standins import counting
 from vlm.policy import Config, LoraSection, VLLMSection, build

@@ -1,0 +1,86 @@
+"""Held-out evaluation: the policy's deterministic output (greedy tokens, ODE images) on a
+fixed prompt set, scored by the run's rewards, logged as `eval/reward/...`, and by the diagnostics of
+`eval.diagnostics` (reward entries that measure quality but are never trained on), logged as
+`eval/quality/<label>` (the mean over the held-out outputs it could score). With an EMA
+(`train.ema_decay > 0`) the outputs come from the averaged weights (`mmrl.loop.ema`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from mmrl.algorithms.advantages import weighted_total
+from mmrl.data import eval_seed
+from mmrl.loop.ema import averaged_weights
+from mmrl.episodes import EpisodeMeta, eval_success
+from mmrl.reporting.samples import write_samples, write_strip
+from mmrl.types import PromptBatch
+
+
+def _episode_strip(path: str, sample) -> None:
+    """The first held-out episode as an image strip: each observation with the move made from it, then the
+    final observation (`episode_strip` in the samples folder; before_after.png compares the first and last)."""
+    meta = sample.meta
+    final = meta.get(EpisodeMeta.FINAL_IMAGE)
+    images = list(sample.images) + ([final] if final is not None else [])
+    if not images:
+        return
+    moves = [a if a is not None else "(invalid)" for a in meta.get(EpisodeMeta.ACTIONS, [])]
+    end = "solved" if meta.get(EpisodeMeta.SUCCESS) else "not solved"
+    write_strip(path, images, moves + [end])
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    """Held-out evaluation, built by keyword from what it uses; `evaluator(step)` scores `Evaluates.generate_eval`
+    on the held-out records (every process the same prompts, so the values agree).
+
+    policy, rewards:    the policy (its capability `Evaluates`) and the run's RewardSet.
+    records:            the held-out records (the first eval.max_prompts), seeded by `eval_seed(seed, index)`.
+    prompts_per_batch:  held-out prompts per `generate_eval` call.
+    episodes:           multi-turn episodes (env section): eval/success and the episode strip are added.
+    samples_dir:        where the eval samples are written (the main process), or None (the others).
+    ema:                the weights' average (`mmrl.loop.ema`) to evaluate with, or None for the trained weights.
+    diagnostics:        eval.diagnostics as a RewardSet (measured, never trained on), or None.
+    """
+
+    policy: object
+    rewards: object
+    records: list
+    seed: int
+    prompts_per_batch: int
+    episodes: bool
+    samples_dir: str | None
+    ema: object = None
+    diagnostics: object = None
+
+    def __call__(self, step: int) -> dict:
+        records, bs, samples = self.records, self.prompts_per_batch, []
+        with averaged_weights(self.ema):             # the trained weights are back, bit for bit, after the block
+            for lo in range(0, len(records), bs):
+                idx = list(range(lo, min(lo + bs, len(records))))
+                batch = PromptBatch(rows=[records[i] for i in idx], index=idx,
+                                    seeds=[eval_seed(self.seed, i) for i in idx], step=-1)
+                samples += self.policy.generate_eval(batch)
+        scores, metrics = self.rewards.score(samples)                           # [M, K]
+        total = weighted_total(scores, self.rewards.weights)                    # [M]
+        valid = total[~torch.isnan(total)]
+        out = {f"eval/{k}": v for k, v in metrics.items() if not k.startswith("time/")}  # times: training steps only
+        out["eval/reward/mean"] = float(valid.mean()) if valid.numel() else math.nan
+        labels, diag = self.rewards.labels, self.diagnostics
+        if diag is not None:                                                    # measured, never trained on
+            quality, q_metrics = diag.score(samples)                            # [M, D]
+            out.update({f"eval/quality/{label}": q_metrics[f"reward/{label}/mean"] for label in diag.labels})
+            scores, labels = torch.cat([scores, quality], 1), labels + [f"quality/{x}" for x in diag.labels]
+        success = eval_success(samples) if self.episodes else None
+        if success is not None:
+            out["eval/success"] = success
+        if self.samples_dir is not None:
+            path = os.path.join(self.samples_dir, f"eval_step_{step:06d}.jsonl")
+            write_samples(path, samples, scores, labels)
+            if self.episodes and samples:
+                _episode_strip(os.path.splitext(path)[0] + "_episode.png", samples[0])
+        return out

@@ -1,0 +1,303 @@
+"""The synchronous trainer: each step the learner updates on the generator's next batch and the generator receives
+the new weights; then log, evaluate, checkpoint.
+
+Read top to bottom: `setup` builds the run (accelerator, policy, rewards, data, optimizer, the two roles,
+resume), `train` runs the steps. The roles live in `mmrl.loop.collect` (`Generator`) and `mmrl.loop.update` (`Learner`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from mmrl import episodes
+from mmrl.state import checkpoint
+from mmrl.distributed import memory, sharding
+from mmrl.loop.collect import Generator
+from mmrl.config import Config, ConfigError, to_yaml
+from mmrl.reporting.console import header
+from mmrl.data import PromptSampler, load_records
+from mmrl.loop.ema import EMA, build_ema
+from mmrl.loop.evaluation import Evaluator
+from mmrl.reporting.metrics import MetricsSink, truncate_after
+from mmrl.config.policies import BuildContext, build_policy, needs_ratio_norm
+from mmrl.distributed.reduce import Accumulator, Metric, mean
+from mmrl.reporting.samples import write_samples
+from mmrl.reporting.summary import before_after, plot_rewards, read_rows, summary_text
+from mmrl.types import Shardable, check_capabilities
+from mmrl.loop.update import Learner, samples_per_optimizer_step
+
+log = logging.getLogger("mmrl")
+
+
+@dataclass
+class Run:
+    """A built run: the two roles (`Generator`, `Learner`), the `Evaluator`, and where to resume. Only the
+    trainer's own functions (`fit`, `_save`) take it; the roles and the evaluator hold their parts."""
+
+    cfg: Config
+    accelerator: Accelerator
+    generator: Generator
+    learner: Learner
+    evaluator: Evaluator | None      # None when there is no held-out evaluation
+    start_step: int
+
+    # the parts the roles share, for the trainer, evaluation and tests
+    @property
+    def policy(self):
+        return self.learner.policy
+
+    @property
+    def rewards(self):
+        return self.generator.rewards
+
+    @property
+    def records(self) -> list:
+        return self.generator.records
+
+    @property
+    def ema(self) -> EMA | None:     # the average of `params` (train.ema_decay > 0), for eval and export
+        return self.learner.ema
+
+    @property
+    def params(self) -> list:
+        return self.learner.params
+
+    @property
+    def optimizer(self):
+        return self.learner.optimizer
+
+    @property
+    def scheduler(self):
+        return self.learner.scheduler
+
+    @property
+    def run_dir(self) -> str:
+        return self.cfg.output_dir
+
+    @property
+    def ckpt_dir(self) -> str:
+        return os.path.join(self.cfg.output_dir, "checkpoints")
+
+
+def _lr_lambda(cfg: Config, total: int):
+    warm, kind = cfg.optim.warmup_steps, cfg.optim.schedule    # kind checked at load (mmrl.config.checks)
+
+    def f(i: int) -> float:
+        if warm and i < warm:
+            return (i + 1) / warm
+        frac = min(1.0, (i - warm) / max(1, total - warm))
+        return {"constant": 1.0, "linear": 1.0 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[kind]
+
+    return f
+
+
+def _resume_path(cfg: Config, ckpt_dir: str) -> str | None:
+    """The checkpoint to resume from (None: a new run), after clearing what killed writes left in
+    the run directory; a config that changes what is trained across a resume is an error
+    (`mmrl.state.resume`)."""
+    from accelerate import PartialState
+
+    from mmrl.state.resume import check_unchanged
+
+    state = PartialState()
+    if state.is_main_process:
+        for folder in (cfg.output_dir, ckpt_dir):
+            cleaned = checkpoint.clean_stale(folder)
+            if cleaned:
+                log.info("removed what an interrupted run left in %s: %s", folder, ", ".join(cleaned))
+    state.wait_for_everyone()  # every process then sees the same checkpoints
+    if cfg.resume is None:
+        found = checkpoint.latest(ckpt_dir)
+        if found:
+            raise ConfigError(f"output_dir {cfg.output_dir!r} already holds a run ({os.path.basename(found)}); "
+                              "pass resume=auto to continue it, or another output_dir for a new run")
+        return None
+    path = checkpoint.latest(ckpt_dir) if cfg.resume == "auto" else cfg.resume
+    if cfg.resume != "auto" and not os.path.isdir(path):
+        raise ConfigError(f"config key 'resume': checkpoint {cfg.resume!r} does not exist")
+    if path:
+        check_unchanged(path, cfg)
+    return path
+
+
+def _records(cfg: Config) -> tuple[list, list | None]:
+    """Training and held-out records: the data sources, or the environment's episode seeds."""
+    if cfg.env is not None:
+        held_out = episodes.eval_records(cfg.env, cfg.eval.max_prompts) if cfg.eval.every > 0 else None
+        return episodes.train_records(cfg.env), held_out
+    records = load_records(cfg.data.train, cfg.data.train_kwargs, "data.train")
+    eval_records = (load_records(cfg.data.eval, cfg.data.eval_kwargs, "data.eval")
+                    if cfg.data.eval and cfg.eval.every > 0 else None)
+    return records, eval_records
+
+
+def _build_policy(cfg: Config, acc: Accelerator):
+    """The adapter's policy; with distributed.strategy=fsdp its model sharded in place (its parameters become
+    DTensors, `mmrl.distributed.sharding`), after which `policy.on_shard()` takes the new parameters where it holds any."""
+    dist_cfg = cfg.distributed
+    shard = (functools.partial(sharding.shard, device=acc.device, precision=cfg.precision,
+                               reshard_after_forward=dist_cfg.reshard_after_forward)
+             if dist_cfg.strategy == "fsdp" else None)
+    algo = cfg.algo
+    ctx = BuildContext(device=acc.device, seed=cfg.seed, output_dir=cfg.output_dir, precision=cfg.precision,
+                       accelerator=acc, kl_beta=algo.kl_beta, env=cfg.env, ratio_norm=needs_ratio_norm(algo),
+                       step_reweight=algo.step_reweight, objective=algo.objective, shard=shard,
+                       rollout=dist_cfg.rollout)
+    try:
+        policy = build_policy(cfg.policy, ctx)
+    except ConfigError:
+        raise
+    except (ValueError, OSError) as e:  # a model that cannot be found or does not fit the section
+        raise ConfigError(f"building policy {cfg.policy.name!r}: {e}") from None
+    if shard is not None:
+        shard(policy.model)
+        if isinstance(policy, Shardable):
+            policy.on_shard()
+    return policy
+
+
+def setup(cfg: Config) -> Run:
+    from rewards.scorer import RewardSet, parse_specs
+
+    acc = Accelerator(cpu=cfg.cpu or not torch.cuda.is_available(),
+                      mixed_precision={"fp32": "no"}.get(cfg.precision, cfg.precision))
+    set_seed(cfg.seed)
+    if acc.distributed_type.name in ("FSDP", "DEEPSPEED"):
+        raise ConfigError(f"launched with accelerate's {acc.distributed_type.name} plugin; mmrl shards the model "
+                          "itself: launch without --use_fsdp / --use_deepspeed (accelerate launch --multi_gpu, or "
+                          "torchrun) and set distributed.strategy=fsdp")
+    p, world = cfg.train.prompts_per_step, acc.num_processes
+    if p % world:
+        raise ConfigError(f"train.prompts_per_step={p} must be divisible by the {world} processes")
+    resume = _resume_path(cfg, os.path.join(cfg.output_dir, "checkpoints"))   # before anything is built
+    try:
+        rewards = RewardSet(parse_specs(list(cfg.rewards)))
+        diagnostics = (RewardSet(parse_specs(list(cfg.eval.diagnostics), "eval.diagnostics"))
+                       if cfg.eval.diagnostics else None)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    records, eval_records = _records(cfg)
+    policy = _build_policy(cfg, acc)
+    check_capabilities(policy, kl_beta=cfg.algo.kl_beta, eval_every=cfg.eval.every, objective=cfg.algo.objective)
+    fsdp = sharding.is_sharded(policy.model)
+    params = list(policy.trainable_parameters())
+    if not params:
+        raise ConfigError("the policy has no trainable parameters (check its LoRA / freezing options)")
+    opt = cfg.optim
+    optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
+                                  weight_decay=opt.weight_decay)
+    n_local = p // world * (2 * cfg.algo.best_worst_k or cfg.train.group_size)  # samples trained per process and step
+    per_opt = samples_per_optimizer_step(cfg.train, n_local)
+    total_opt_steps = cfg.max_steps * cfg.train.update_epochs * math.ceil(n_local / per_opt)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total_opt_steps))
+    if fsdp:  # already sharded by mmrl (accelerate's own FSDP path does not run on CPU)
+        optimizer, scheduler = acc.prepare(optimizer, scheduler)
+    else:
+        policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
+    generator = Generator(policy=policy, rewards=rewards, records=records,
+                          sampler=PromptSampler(len(records), cfg.seed), seed=cfg.seed, train=cfg.train,
+                          algo=cfg.algo, episodes=cfg.env is not None, process_index=acc.process_index,
+                          prompts_per_process=p // world)
+    learner = Learner(policy=policy, optimizer=optimizer, scheduler=scheduler, params=params, accelerator=acc,
+                      ema=build_ema(params, cfg.train), train=cfg.train, optim=cfg.optim, algo=cfg.algo, seed=cfg.seed)
+    evaluator = None
+    if eval_records is not None:
+        evaluator = Evaluator(policy=policy, rewards=rewards, records=eval_records[:cfg.eval.max_prompts],
+                              seed=cfg.seed, prompts_per_batch=cfg.eval.prompts_per_batch,
+                              episodes=cfg.env is not None, ema=learner.ema, diagnostics=diagnostics,
+                              samples_dir=os.path.join(cfg.output_dir, "samples") if acc.is_main_process else None)
+    run = Run(cfg, acc, generator, learner, evaluator, 0)
+    if resume:
+        state = checkpoint.load(resume, policy, optimizer, scheduler, learner.ema)
+        generator.load_state_dict(state)
+        learner.load_state_dict(state)
+        run.start_step = int(state["step"])
+        learner.version = generator.version = run.start_step    # one update per training step
+        log.info("resumed from %s at step %d", resume, run.start_step)
+    return run
+
+
+def _save(run: Run, step: int) -> None:
+    acc = run.accelerator
+    acc.wait_for_everyone()
+    if sharding.is_sharded(run.policy.model):              # every process writes its shards
+        state = {**run.generator.state_dict(), **run.learner.state_dict()}
+        checkpoint.save_sharded(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
+                                run.cfg.checkpoint.keep_last, run.ema, main=acc.is_main_process)
+    elif acc.is_main_process:
+        state = {**run.generator.state_dict(), **run.learner.state_dict()}
+        checkpoint.save(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
+                        run.cfg.checkpoint.keep_last, run.ema)
+    acc.wait_for_everyone()
+
+
+def _reduce_metrics(row: dict[str, Metric]) -> dict:
+    """One step's metrics merged over processes, each by the reduction it was declared
+    with where it was computed (mmrl.distributed.reduce); returns plain numbers."""
+    return Accumulator().add(row).all_reduce().result()
+
+
+def _eval_due(run: Run, step: int) -> bool:
+    every = run.cfg.eval.every
+    return run.evaluator is not None and (step == 0 or step % every == 0 or step == run.cfg.max_steps)
+
+
+def train(cfg: Config) -> str:
+    """Run training to `cfg.max_steps`; returns the run directory."""
+    run = setup(cfg)
+    fit(run)
+    # every rank arrives before the process group goes: rank 0 writes the summary after the last step, and a
+    # rank that destroys its group and exits meanwhile sometimes aborts in gloo ("terminate called ...")
+    run.accelerator.wait_for_everyone()
+    run.accelerator.end_training()  # destroys the process group: a rank exiting with live gloo threads may abort
+    return cfg.output_dir
+
+
+def fit(run: Run) -> None:
+    """The step loop of a built run."""
+    cfg = run.cfg
+    main = run.accelerator.is_main_process
+    if main:
+        os.makedirs(os.path.join(cfg.output_dir, "samples"), exist_ok=True)
+        checkpoint.write_text_atomic(os.path.join(cfg.output_dir, "config.yaml"), to_yaml(cfg))
+        truncate_after(os.path.join(cfg.output_dir, "metrics.jsonl"), run.start_step if run.start_step else -1)
+        print(header(cfg, run.start_step), flush=True)  # the full config is in config.yaml
+    sink = MetricsSink(cfg.output_dir, cfg, cfg.max_steps, run.start_step, enabled=main)
+    try:
+        if run.start_step == 0 and _eval_due(run, 0):
+            sink.log({"step": 0, **run.evaluator(0)})
+        for step in range(run.start_step, cfg.max_steps):
+            t0 = time.perf_counter()
+            batch = run.generator.next_batch(step)                    # rollout, rewards, filter, advantages
+            t1 = time.perf_counter()
+            row = {**batch.metrics, **run.learner.update(batch, step)}
+            run.generator.receive(run.learner.version)                # the next batch samples the new weights
+            row.update({"time/rollout_s": mean(t1 - t0), "time/update_s": mean(time.perf_counter() - t1)})
+            row.update(memory.metrics(run.policy.model, run.optimizer))
+            if cfg.logging.save_samples_every and (step + 1) % cfg.logging.save_samples_every == 0 and main:
+                write_samples(os.path.join(cfg.output_dir, "samples", f"step_{step + 1:06d}.jsonl"),
+                              batch.rollout.samples, batch.scores, run.rewards.labels, batch.advantages)
+            if _eval_due(run, step + 1):
+                # every process evaluates the same prompts deterministically, so the values agree
+                row.update({k: mean(v) for k, v in run.evaluator(step + 1).items()})
+            row["time/step_s"] = mean(time.perf_counter() - t0)
+            sink.log({"step": step + 1, **_reduce_metrics(row)})
+            every = cfg.checkpoint.every
+            if (every and (step + 1) % every == 0) or step + 1 == cfg.max_steps:
+                _save(run, step + 1)
+    finally:
+        sink.close()
+    if main:
+        rows = read_rows(cfg.output_dir)
+        plot_rewards(cfg.output_dir, rows)
+        before_after(cfg.output_dir)
+        print(f"mmrl: {summary_text(rows)}", flush=True)
