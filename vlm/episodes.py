@@ -30,7 +30,7 @@ from mmrl.episodes import SEED_KEY, EpisodeMeta
 from vlm.data import ROW_KEY, SOURCE_KEY
 from vlm.generation import SamplingSpec, sample_seed
 from vlm.prompts import format_text
-from vlm.trajectory import View, join, make_view
+from vlm.trajectory import join, make_view
 from vlm.turns import TurnTemplate, as_image, reply_segment
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

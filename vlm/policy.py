@@ -1,5 +1,8 @@
 """The VLM policy (`policy.name: vlm`): an image-text-to-text model as a sampler with a log-likelihood.
 
+Two policies share the model's parts (`VLMCommon`): `VLMPolicy`, single-turn (below), and the agent policy of a
+run with an `env:` section (`vlm.agent.AgentPolicy`, multi-turn episodes); `build` picks one.
+
 An action is a generated token; T is the longest completion of a rollout. One rollout:
   1. records -> `PromptInputs` (images decoded and resized lazily, chat template, truncation),
      in a torch DataLoader with `image_workers` processes;
@@ -16,6 +19,7 @@ no-grad scoring use the unwrapped module.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import os
@@ -99,60 +103,30 @@ class Config:
     vllm: VLLMSection = field(default_factory=VLLMSection)
 
 
-class VLMPolicy:
+class VLMCommon(abc.ABC):
+    """What the single-turn policy (`VLMPolicy`) and the agent policy (`vlm.agent.AgentPolicy`) share: the model
+    and its parts (`vlm.setup.Parts`), sampling under autocast with gathered weights, training log-probs and the
+    reference's, and the weights (save, load, export). A subclass says how it samples (`_rollout`,
+    `_generate_eval`) and how it scores its rollouts (`_score_with`)."""
+
     def __init__(self, cfg: Config, ctx, parts: Parts):
         self.cfg, self.ctx, self.device = cfg, ctx, ctx.device
         self.p = parts
         self.scorer = parts.scorer
         self.model = parts.scorer                       # the trainer may wrap it
         self._ref = None
-        self.episodes = None
-        if ctx.env is not None:                          # multi-turn agent (vlm/episodes.py)
-            from envs import make_env
-            from vlm.episodes import EpisodeRunner
 
-            self.episodes = EpisodeRunner(ctx.env, cfg, parts, ctx.device, make_env)
-
-    # ---------------------------------------------------------------- rollout
     def _autocast(self):
         acc = self.ctx.accelerator
         return acc.autocast() if acc is not None else contextlib.nullcontext()
 
-    @torch.no_grad()
-    def _prompts(self, prompts: PromptBatch) -> list:
-        items = prepare_rows(prompts, self.p.builder, self.cfg.image_workers)
-        with self._autocast():
-            for x in items:
-                x.features = encode(self.p.model.hf, x.encoder_inputs, self.device)
-                check_image_tokens(x, self.p.tokens.image_token_id)
-                if self.cfg.freeze_vision:
-                    x.encoder_inputs = {}               # pixels are not needed again
-        return items
+    def _sampling(self) -> SamplingSpec:
+        return SamplingSpec(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, self.cfg.top_k)
 
-    @torch.no_grad()
-    def _score(self, rows: list, completions: list, layout: Layout) -> torch.Tensor:
-        """Old log-probs [N, T] at rollout time, in chunks of score_rows_per_call rows."""
-        t, step = layout.width - layout.prompt_width, self.cfg.score_rows_per_call
-        self.scorer.train(self.cfg.gradient_checkpointing)
-        parts = []
-        with self._autocast():
-            for lo in range(0, len(rows), step):
-                sl = slice(lo, lo + step)
-                lp, _ = self.scorer(rows[sl], completions[sl], [layout] * len(rows[sl]), t)
-                parts.append(lp)
-        return torch.cat(parts)
+    def _greedy(self) -> SamplingSpec:
+        return SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
 
-    def _samples(self, rows, completions, ended, prompts: PromptBatch, group_size: int, tag: str) -> list:
-        texts = self.p.model.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        out = []
-        for i, (x, c, text, done) in enumerate(zip(rows, completions, texts, ended)):
-            p, g = divmod(i, group_size)
-            meta = {**x.meta, "resize": x.resize, "num_tokens": int(c.numel()), "completion_ids": c.tolist(),
-                    "finished": bool(done), "prompt_truncated": x.truncated}
-            out.append(Sample(prompt=x.text, output=text, images=x.images, answer=x.row.get("answer"), meta=meta,
-                              id=f"{tag} prompt {prompts.index[p]} sample {g}"))
-        return out
-
+    # ---------------------------------------------------------------- sampling
     def on_shard(self) -> None:
         """After the trainer sharded `self.model` (distributed.strategy=fsdp): with distributed.rollout=sharded
         HF generate keeps the ranks in lockstep (each block is gathered per forward)."""
@@ -180,79 +154,26 @@ class VLMPolicy:
         with self._gathered():
             return self._rollout(prompts, group_size)
 
+    @torch.no_grad()
+    def generate_eval(self, prompts: PromptBatch) -> list:
+        """Greedy outputs, one per prompt (validation)."""
+        self._before_sampling(prompts.step)
+        with self._gathered():
+            return self._generate_eval(prompts)
+
+    @abc.abstractmethod
     def _rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
-        if self.episodes is not None:
-            return self._episode_rollout(prompts, group_size)
-        items = self._prompts(prompts)
-        rows = [x for x in items for _ in range(group_size)]                                 # N
-        spec = SamplingSpec(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, self.cfg.top_k)
-        completions, ended = self.p.backend.sample(items, group_size, spec, prompts.seeds, self.device)
-        layout = layout_for(rows, completions)
-        t = layout.width - layout.prompt_width
-        lengths = torch.tensor([c.numel() for c in completions], device=self.device)
-        mask = (torch.arange(t, device=self.device)[None, :] < lengths[:, None]).float()      # [N, T]
-        logp = self._score(rows, completions, layout) if self.cfg.old_log_probs == "rollout" else None  # [N, T]
-        n = len(rows)
-        return Rollout(
-            samples=self._samples(rows, completions, ended, prompts, group_size, f"step {prompts.step}"),
-            log_probs=logp, mask=mask, group=torch.arange(len(items)).repeat_interleave(group_size),
-            state={"prompt": rows, "completion": completions,
-                   "prompt_width": torch.full((n,), layout.prompt_width, dtype=torch.long),
-                   "width": torch.full((n,), layout.width, dtype=torch.long)},
-            engine_log_probs=self._engine_log_probs(n, t))
+        """Sample G outputs per record of `prompts` (under the gathered weights)."""
 
-    def _engine_log_probs(self, n: int, t: int) -> torch.Tensor | None:
-        """[N, T] vLLM's own log-probs of the sampled tokens (NaN where it reported none: a stop token it left
-        out), for the rollout correction (`mmrl.algorithms.rollout_correction`); None on the HF backend."""
-        if self.cfg.backend != "vllm":
-            return None
-        out = torch.full((n, t), float("nan"), device=self.device)
-        for i, lp in enumerate(self.p.backend.last_logprobs):
-            out[i, :min(lp.numel(), t)] = lp[:t].to(out)
-        return out
+    @abc.abstractmethod
+    def _generate_eval(self, prompts: PromptBatch) -> list:
+        """Greedy outputs, one per record of `prompts`."""
 
-    def _episodes(self, prompts: PromptBatch, group_size: int, spec: SamplingSpec) -> list:
-        with torch.no_grad(), self._autocast():
-            return self.episodes.run(prompts.rows, prompts.seeds, group_size, spec)
-
-    def _episode_rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
-        """G trajectories per environment seed; actions = the replies' tokens (vlm/trajectory.py)."""
-        from vlm.episodes import samples_of
-        from vlm.trajectory import score_views
-
-        spec = SamplingSpec(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, self.cfg.top_k)
-        trajs = self._episodes(prompts, group_size, spec)
-        lengths = torch.tensor([t.actions_so_far for t in trajs], device=self.device)          # [N]
-        t_max = max(1, int(lengths.max()))
-        mask = (torch.arange(t_max, device=self.device)[None, :] < lengths[:, None]).float()   # [N, T]
-        views = [t.views for t in trajs]
-        logp = None
-        if self.cfg.old_log_probs == "rollout":
-            self.scorer.train(self.cfg.gradient_checkpointing)
-            step = self.cfg.score_rows_per_call
-            with torch.no_grad(), self._autocast():
-                logp = torch.cat([score_views(self.scorer, views[lo:lo + step], t_max)[0]
-                                  for lo in range(0, len(views), step)])                        # [N, T]
-        return Rollout(samples=samples_of(trajs, prompts, group_size, f"step {prompts.step}"), log_probs=logp,
-                       mask=mask, group=torch.arange(len(prompts)).repeat_interleave(group_size),
-                       state={"views": views})
-
-    # ---------------------------------------------------------------- scoring for training
+    @abc.abstractmethod
     def _score_with(self, scorer, rollout: Rollout, index: torch.Tensor):
         """(log-probs, entropies) [n, T] of the samples `index` with `scorer` (the trained or the reference one)."""
-        if "views" in rollout.state:
-            from vlm.trajectory import score_views
 
-            return score_views(scorer, [rollout.state["views"][i] for i in index.tolist()], rollout.mask.shape[1])
-        prompts, comps, layouts = self._rows(rollout, index)
-        return scorer(prompts, comps, layouts, rollout.mask.shape[1])
-
-    def _rows(self, rollout: Rollout, index: torch.Tensor):
-        idx = index.tolist()
-        st = rollout.state
-        layouts = [Layout(int(st["prompt_width"][i]), int(st["width"][i])) for i in idx]
-        return [st["prompt"][i] for i in idx], [st["completion"][i] for i in idx], layouts
-
+    # ---------------------------------------------------------------- scoring for training
     def log_probs(self, rollout: Rollout, index: torch.Tensor, reference: Reference | None = None) -> Scores:
         """Log-probs and entropies [n, T] with grad; `reference` is not needed (the core estimates the KL
         from `Reference.log_probs`)."""
@@ -313,22 +234,87 @@ class VLMPolicy:
             m.processor.save_pretrained(merged)
         m.processor.save_pretrained(folder)
 
+
+class VLMPolicy(VLMCommon):
+    """The single-turn policy: G completions per prompt record; an action is a generated token.
+    Scored rollouts hold per row the prompt, the completion ids and the layout (`vlm.batch.Layout`)."""
+
     @torch.no_grad()
-    def generate_eval(self, prompts: PromptBatch) -> list:
-        """Greedy completions, one per prompt (validation); greedy episodes with an env section."""
-        self._before_sampling(prompts.step)
-        with self._gathered():
-            return self._generate_eval(prompts)
+    def _prompts(self, prompts: PromptBatch) -> list:
+        items = prepare_rows(prompts, self.p.builder, self.cfg.image_workers)
+        with self._autocast():
+            for x in items:
+                x.features = encode(self.p.model.hf, x.encoder_inputs, self.device)
+                check_image_tokens(x, self.p.tokens.image_token_id)
+                if self.cfg.freeze_vision:
+                    x.encoder_inputs = {}               # pixels are not needed again
+        return items
+
+    @torch.no_grad()
+    def _score(self, rows: list, completions: list, layout: Layout) -> torch.Tensor:
+        """Old log-probs [N, T] at rollout time, in chunks of score_rows_per_call rows."""
+        t, step = layout.width - layout.prompt_width, self.cfg.score_rows_per_call
+        self.scorer.train(self.cfg.gradient_checkpointing)
+        parts = []
+        with self._autocast():
+            for lo in range(0, len(rows), step):
+                sl = slice(lo, lo + step)
+                lp, _ = self.scorer(rows[sl], completions[sl], [layout] * len(rows[sl]), t)
+                parts.append(lp)
+        return torch.cat(parts)
+
+    def _samples(self, rows, completions, ended, prompts: PromptBatch, group_size: int, tag: str) -> list:
+        texts = self.p.model.tokenizer.batch_decode(completions, skip_special_tokens=True)
+        out = []
+        for i, (x, c, text, done) in enumerate(zip(rows, completions, texts, ended)):
+            p, g = divmod(i, group_size)
+            meta = {**x.meta, "resize": x.resize, "num_tokens": int(c.numel()), "completion_ids": c.tolist(),
+                    "finished": bool(done), "prompt_truncated": x.truncated}
+            out.append(Sample(prompt=x.text, output=text, images=x.images, answer=x.row.get("answer"), meta=meta,
+                              id=f"{tag} prompt {prompts.index[p]} sample {g}"))
+        return out
+
+    def _rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
+        items = self._prompts(prompts)
+        rows = [x for x in items for _ in range(group_size)]                                 # N
+        completions, ended = self.p.backend.sample(items, group_size, self._sampling(), prompts.seeds, self.device)
+        layout = layout_for(rows, completions)
+        t = layout.width - layout.prompt_width
+        lengths = torch.tensor([c.numel() for c in completions], device=self.device)
+        mask = (torch.arange(t, device=self.device)[None, :] < lengths[:, None]).float()      # [N, T]
+        logp = self._score(rows, completions, layout) if self.cfg.old_log_probs == "rollout" else None  # [N, T]
+        n = len(rows)
+        return Rollout(
+            samples=self._samples(rows, completions, ended, prompts, group_size, f"step {prompts.step}"),
+            log_probs=logp, mask=mask, group=torch.arange(len(items)).repeat_interleave(group_size),
+            state={"prompt": rows, "completion": completions,
+                   "prompt_width": torch.full((n,), layout.prompt_width, dtype=torch.long),
+                   "width": torch.full((n,), layout.width, dtype=torch.long)},
+            engine_log_probs=self._engine_log_probs(n, t))
+
+    def _engine_log_probs(self, n: int, t: int) -> torch.Tensor | None:
+        """[N, T] vLLM's own log-probs of the sampled tokens (NaN where it reported none: a stop token it left
+        out), for the rollout correction (`mmrl.algorithms.rollout_correction`); None on the HF backend."""
+        if self.cfg.backend != "vllm":
+            return None
+        out = torch.full((n, t), float("nan"), device=self.device)
+        for i, lp in enumerate(self.p.backend.last_logprobs):
+            out[i, :min(lp.numel(), t)] = lp[:t].to(out)
+        return out
+
+    def _score_with(self, scorer, rollout: Rollout, index: torch.Tensor):
+        prompts, comps, layouts = self._rows(rollout, index)
+        return scorer(prompts, comps, layouts, rollout.mask.shape[1])
+
+    def _rows(self, rollout: Rollout, index: torch.Tensor):
+        idx = index.tolist()
+        st = rollout.state
+        layouts = [Layout(int(st["prompt_width"][i]), int(st["width"][i])) for i in idx]
+        return [st["prompt"][i] for i in idx], [st["completion"][i] for i in idx], layouts
 
     def _generate_eval(self, prompts: PromptBatch) -> list:
-        if self.episodes is not None:
-            from vlm.episodes import samples_of
-
-            spec = SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
-            return samples_of(self._episodes(prompts, 1, spec), prompts, 1, "eval")
         items = self._prompts(prompts)
-        spec = SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
-        completions, ended = self.p.backend.sample(items, 1, spec, prompts.seeds, self.device)
+        completions, ended = self.p.backend.sample(items, 1, self._greedy(), prompts.seeds, self.device)
         return self._samples(items, completions, ended, prompts, 1, "eval")
 
 
@@ -354,11 +340,16 @@ def validate_episodes(cfg: Config, env) -> None:
                          f"{cfg.backend!r} is not supported for them yet")
 
 
-def build(cfg: Config, ctx) -> VLMPolicy:
+def build(cfg: Config, ctx) -> VLMCommon:
+    """The agent policy (`vlm.agent`) when the run has an `env:` section, else the single-turn policy."""
     validate(cfg)
     if cfg.cpu_threads and torch.device(ctx.device).type == "cpu":
         torch.set_num_threads(cfg.cpu_threads)
     if ctx.kl_beta != 0 and cfg.reference == "none":
         raise ValueError("algo.kl_beta != 0 needs a reference model, but policy.reference=none "
                          "(set policy.reference=auto or algo.kl_beta=0)")
+    if ctx.env is not None:                          # multi-turn agent
+        from vlm.agent import AgentPolicy
+
+        return AgentPolicy(cfg, ctx, build_parts(cfg, ctx))
     return VLMPolicy(cfg, ctx, build_parts(cfg, ctx))

@@ -42,7 +42,8 @@ def ratio_norm(log_r: torch.Tensor, std: torch.Tensor, drift: torch.Tensor) -> t
 def check_terms(scores, ratio_norm_on: bool, step_reweight_on: bool) -> None:
     """Raise ValueError naming the algo key when the policy did not supply what it needs."""
     if ratio_norm_on and (scores.step_std is None or scores.mean_drift is None):
-        raise ValueError("algo.policy_loss=grpo_guard (RatioNorm) but the policy gave no Scores.step_std / Scores.mean_drift "
+        raise ValueError("algo.policy_loss=grpo_guard (RatioNorm) but the policy gave no Scores.step_std / "
+                         "Scores.mean_drift "
                          "(RatioNorm needs Gaussian actions whose rollout means were recorded)")
     if step_reweight_on and scores.step_weight is None:
         raise ValueError("algo.step_reweight is true but the policy gave no Scores.step_weight")

@@ -1,5 +1,5 @@
-"""The loss of a microbatch: the policy loss's surrogate (`mmrl.algorithms.policy_losses`, algo.policy_loss), KL estimators,
-the entropy bonus and loss aggregation.
+"""The loss of a microbatch: the policy loss's surrogate (`mmrl.algorithms.policy_losses`, algo.policy_loss),
+KL estimators, the entropy bonus and loss aggregation.
 
 Notation: per action, logp = log pi_theta, old = log pi_old, ref = log pi_ref, A the sample's advantage.
 All tensors are [n, T] with `mask` [n, T] unless noted; math runs in fp32.

@@ -40,8 +40,9 @@ log = logging.getLogger("mmrl")
 
 @dataclass
 class Run:
-    """A built run: the two roles (`Generator`, `Learner`), the `Evaluator`, and where to resume. Only the
-    trainer's own functions (`fit`, `_save`) take it; the roles and the evaluator hold their parts."""
+    """A built run: the two roles (`Generator`, `Learner`), the `Evaluator`, and where to resume; its own methods
+    run the loop (`fit`) and write checkpoints (`save`). No function takes it: the roles and the evaluator are
+    built from their parts."""
 
     cfg: Config
     accelerator: Accelerator
@@ -86,6 +87,65 @@ class Run:
     @property
     def ckpt_dir(self) -> str:
         return os.path.join(self.cfg.output_dir, "checkpoints")
+
+    def fit(self) -> None:
+        """The step loop: each step the learner updates on the generator's next batch and the generator receives the
+        new weights; metrics, evaluation and checkpoints around it."""
+        cfg = self.cfg
+        main = self.accelerator.is_main_process
+        if main:
+            os.makedirs(os.path.join(cfg.output_dir, "samples"), exist_ok=True)
+            checkpoint.write_text_atomic(os.path.join(cfg.output_dir, "config.yaml"), to_yaml(cfg))
+            truncate_after(os.path.join(cfg.output_dir, "metrics.jsonl"), self.start_step if self.start_step else -1)
+            print(header(cfg, self.start_step), flush=True)  # the full config is in config.yaml
+        sink = MetricsSink(cfg.output_dir, cfg, cfg.max_steps, self.start_step, enabled=main)
+        try:
+            if self.start_step == 0 and self.eval_due(0):
+                sink.log({"step": 0, **self.evaluator(0)})
+            for step in range(self.start_step, cfg.max_steps):
+                t0 = time.perf_counter()
+                batch = self.generator.next_batch(step)                    # rollout, rewards, filter, advantages
+                t1 = time.perf_counter()
+                row = {**batch.metrics, **self.learner.update(batch, step)}
+                self.generator.receive(self.learner.version)                # the next batch samples the new weights
+                row.update({"time/rollout_s": mean(t1 - t0), "time/update_s": mean(time.perf_counter() - t1)})
+                row.update(memory.metrics(self.policy.model, self.optimizer))
+                if cfg.logging.save_samples_every and (step + 1) % cfg.logging.save_samples_every == 0 and main:
+                    write_samples(os.path.join(cfg.output_dir, "samples", f"step_{step + 1:06d}.jsonl"),
+                                  batch.rollout.samples, batch.scores, self.rewards.labels, batch.advantages)
+                if self.eval_due(step + 1):
+                    # every process evaluates the same prompts deterministically, so the values agree
+                    row.update({k: mean(v) for k, v in self.evaluator(step + 1).items()})
+                row["time/step_s"] = mean(time.perf_counter() - t0)
+                sink.log({"step": step + 1, **_reduce_metrics(row)})
+                every = cfg.checkpoint.every
+                if (every and (step + 1) % every == 0) or step + 1 == cfg.max_steps:
+                    self.save(step + 1)
+        finally:
+            sink.close()
+        if main:
+            rows = read_rows(cfg.output_dir)
+            plot_rewards(cfg.output_dir, rows)
+            before_after(cfg.output_dir)
+            print(f"mmrl: {summary_text(rows)}", flush=True)
+
+    def eval_due(self, step: int) -> bool:
+        every = self.cfg.eval.every
+        return self.evaluator is not None and (step == 0 or step % every == 0 or step == self.cfg.max_steps)
+
+    def save(self, step: int) -> None:
+        """A checkpoint of both roles at `step` (every process writes its shards under FSDP)."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if sharding.is_sharded(self.policy.model):              # every process writes its shards
+            state = {**self.generator.state_dict(), **self.learner.state_dict()}
+            checkpoint.save_sharded(self.ckpt_dir, step, self.policy, self.optimizer, self.scheduler, state,
+                                    self.cfg.checkpoint.keep_last, self.ema, main=acc.is_main_process)
+        elif acc.is_main_process:
+            state = {**self.generator.state_dict(), **self.learner.state_dict()}
+            checkpoint.save(self.ckpt_dir, step, self.policy, self.optimizer, self.scheduler, state,
+                            self.cfg.checkpoint.keep_last, self.ema)
+        acc.wait_for_everyone()
 
 
 def _lr_lambda(cfg: Config, total: int):
@@ -226,78 +286,18 @@ def setup(cfg: Config) -> Run:
     return run
 
 
-def _save(run: Run, step: int) -> None:
-    acc = run.accelerator
-    acc.wait_for_everyone()
-    if sharding.is_sharded(run.policy.model):              # every process writes its shards
-        state = {**run.generator.state_dict(), **run.learner.state_dict()}
-        checkpoint.save_sharded(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
-                                run.cfg.checkpoint.keep_last, run.ema, main=acc.is_main_process)
-    elif acc.is_main_process:
-        state = {**run.generator.state_dict(), **run.learner.state_dict()}
-        checkpoint.save(run.ckpt_dir, step, run.policy, run.optimizer, run.scheduler, state,
-                        run.cfg.checkpoint.keep_last, run.ema)
-    acc.wait_for_everyone()
-
-
 def _reduce_metrics(row: dict[str, Metric]) -> dict:
     """One step's metrics merged over processes, each by the reduction it was declared
     with where it was computed (mmrl.distributed.reduce); returns plain numbers."""
     return Accumulator().add(row).all_reduce().result()
 
 
-def _eval_due(run: Run, step: int) -> bool:
-    every = run.cfg.eval.every
-    return run.evaluator is not None and (step == 0 or step % every == 0 or step == run.cfg.max_steps)
-
-
 def train(cfg: Config) -> str:
     """Run training to `cfg.max_steps`; returns the run directory."""
     run = setup(cfg)
-    fit(run)
+    run.fit()
     # every rank arrives before the process group goes: rank 0 writes the summary after the last step, and a
     # rank that destroys its group and exits meanwhile sometimes aborts in gloo ("terminate called ...")
     run.accelerator.wait_for_everyone()
     run.accelerator.end_training()  # destroys the process group: a rank exiting with live gloo threads may abort
     return cfg.output_dir
-
-
-def fit(run: Run) -> None:
-    """The step loop of a built run."""
-    cfg = run.cfg
-    main = run.accelerator.is_main_process
-    if main:
-        os.makedirs(os.path.join(cfg.output_dir, "samples"), exist_ok=True)
-        checkpoint.write_text_atomic(os.path.join(cfg.output_dir, "config.yaml"), to_yaml(cfg))
-        truncate_after(os.path.join(cfg.output_dir, "metrics.jsonl"), run.start_step if run.start_step else -1)
-        print(header(cfg, run.start_step), flush=True)  # the full config is in config.yaml
-    sink = MetricsSink(cfg.output_dir, cfg, cfg.max_steps, run.start_step, enabled=main)
-    try:
-        if run.start_step == 0 and _eval_due(run, 0):
-            sink.log({"step": 0, **run.evaluator(0)})
-        for step in range(run.start_step, cfg.max_steps):
-            t0 = time.perf_counter()
-            batch = run.generator.next_batch(step)                    # rollout, rewards, filter, advantages
-            t1 = time.perf_counter()
-            row = {**batch.metrics, **run.learner.update(batch, step)}
-            run.generator.receive(run.learner.version)                # the next batch samples the new weights
-            row.update({"time/rollout_s": mean(t1 - t0), "time/update_s": mean(time.perf_counter() - t1)})
-            row.update(memory.metrics(run.policy.model, run.optimizer))
-            if cfg.logging.save_samples_every and (step + 1) % cfg.logging.save_samples_every == 0 and main:
-                write_samples(os.path.join(cfg.output_dir, "samples", f"step_{step + 1:06d}.jsonl"),
-                              batch.rollout.samples, batch.scores, run.rewards.labels, batch.advantages)
-            if _eval_due(run, step + 1):
-                # every process evaluates the same prompts deterministically, so the values agree
-                row.update({k: mean(v) for k, v in run.evaluator(step + 1).items()})
-            row["time/step_s"] = mean(time.perf_counter() - t0)
-            sink.log({"step": step + 1, **_reduce_metrics(row)})
-            every = cfg.checkpoint.every
-            if (every and (step + 1) % every == 0) or step + 1 == cfg.max_steps:
-                _save(run, step + 1)
-    finally:
-        sink.close()
-    if main:
-        rows = read_rows(cfg.output_dir)
-        plot_rewards(cfg.output_dir, rows)
-        before_after(cfg.output_dir)
-        print(f"mmrl: {summary_text(rows)}", flush=True)

@@ -11,12 +11,12 @@ from helpers import BANDIT  # noqa: E402
 
 from mmrl.config import load_config  # noqa: E402
 from mmrl.distributed.dist import end_launched_process  # noqa: E402
-from mmrl.loop.trainer import fit, setup  # noqa: E402
+from mmrl.loop.trainer import setup  # noqa: E402
 
 if __name__ == "__main__":
     out, overrides = sys.argv[1], sys.argv[2:]
     run = setup(load_config(BANDIT, overrides))
-    fit(run)
+    run.fit()
     world = run.accelerator.num_processes
 
     def gathered(t: torch.Tensor) -> list:

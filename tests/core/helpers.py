@@ -3,7 +3,7 @@ import os
 import socket
 
 from mmrl.config import load_config
-from mmrl.loop.trainer import fit, setup
+from mmrl.loop.trainer import setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BANDIT = os.path.join(REPO, "configs", "tiny", "bandit.yaml")
@@ -24,7 +24,7 @@ def train_rows(run_dir) -> list[dict]:
 
 def run_bandit(tmp_path, *overrides):
     run = setup(bandit_cfg(tmp_path, *overrides))
-    fit(run)
+    run.fit()
     return run
 
 

@@ -16,7 +16,7 @@ from mmrl.state import checkpoint
 from mmrl.testing.bandit import BanditPolicy
 from mmrl.testing.bandit import Config as BanditConfig
 from mmrl.loop.ema import EMA, averaged_weights, build_ema
-from mmrl.loop.trainer import fit, setup
+from mmrl.loop.trainer import setup
 
 EMA_RUN = ["max_steps=6", "checkpoint.every=3", "eval.every=3", "train.ema_decay=0.9"]
 
@@ -172,7 +172,7 @@ def test_evaluation_and_export_use_the_average_and_training_is_unchanged(tmp_pat
     plain = run_bandit(tmp_path / "plain", *EMA_RUN[:-1])
     run = setup(bandit_cfg(tmp_path / "ema", *EMA_RUN))
     seen = _record_eval_weights(monkeypatch, run)
-    fit(run)
+    run.fit()
 
     assert len(seen) == 3 and run.ema.steps == 12                    # evaluations at steps 0, 3, 6; 6 x 2 epochs
     assert all(torch.equal(used, average) for used, average in seen)

@@ -46,19 +46,22 @@ def test_a_minimal_policy_has_no_capability_and_each_needed_one_is_named():
 
 def test_the_adapters_implement_their_capabilities_without_inheriting_any():
     from diffusion.policy import DiffusionPolicy
+    from vlm.agent import AgentPolicy
     from vlm.policy import VLMPolicy
 
     def members(protocol):
         return [n for n in vars(protocol) if not n.startswith("_")]
 
     has = {cls: {c.__name__ for c in CAPABILITIES if all(hasattr(cls, m) for m in members(c))}
-           for cls in (BanditPolicy, VLMPolicy, DiffusionPolicy)}
+           for cls in (BanditPolicy, VLMPolicy, AgentPolicy, DiffusionPolicy)}
     assert has[BanditPolicy] == {"HasReference", "Evaluates"}
-    assert has[VLMPolicy] == {"HasReference", "Evaluates", "Exports", "Shardable"}
+    assert has[VLMPolicy] == has[AgentPolicy] == {"HasReference", "Evaluates", "Exports", "Shardable"}
     assert has[DiffusionPolicy] == {"HasReference", "Evaluates", "Exports", "ForwardProcess", "Shardable",
                                     "HasExtraState"}
-    for cls in has:
-        assert cls.__mro__[1:] == (object,)                              # no implementation inherited
+    for cls in has:                                                      # no implementation inherited from them
+        assert not set(cls.__mro__) & {Policy, *CAPABILITIES}, cls
+    # the single-turn and the agent policy share their parts, not a branch on episodes
+    assert VLMPolicy.__mro__[1] is AgentPolicy.__mro__[1] and not hasattr(VLMPolicy, "_episodes")
 
 
 def test_cli_exits_2_when_the_policy_cannot_evaluate(tmp_path, monkeypatch, capsys, bandit_config):

@@ -234,7 +234,7 @@ def test_turn_level_credit_reaches_the_update(credit, tmp_path):
     from omegaconf import OmegaConf
 
     from mmrl.config import load_config
-    from mmrl.loop.trainer import fit, setup
+    from mmrl.loop.trainer import setup
     from testkit import REPO
 
     node = OmegaConf.load(os.path.join(REPO, "configs", "tiny", "agent_tiny.yaml"))
@@ -252,7 +252,7 @@ def test_turn_level_credit_reaches_the_update(credit, tmp_path):
     varies = [i for i, s in enumerate(batch.rollout.samples) if len(set(s.meta["turn_tokens"])) >= 1
               and len(set((per_action[i] * batch.rollout.mask[i])[batch.rollout.mask[i] > 0].tolist())) > 1]
     assert varies, "turn-level credit gave every token of every trajectory one value"
-    fit(run)
+    run.fit()
     run.accelerator.end_training()
     rows = [json.loads(line) for line in open(os.path.join(cfg.output_dir, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2] and all(r["ratio/first_max_abs_dev"] == 0.0 for r in rows)
