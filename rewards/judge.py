@@ -98,7 +98,7 @@ def validate(rubric=None, model=None, url=None, scale=None, choices=None, image_
 @register("judge", factory=True)
 def judge(rubric: str, model: str | None = None, url: str | None = None, api_model: str = "",
           api_key: str | None = None, scale: list | None = None, choices: dict | None = None,
-          max_new_tokens: int = 16, batch_size: int = 8, device: str = "cpu", dtype: str = "float32",
+          max_new_tokens: int = 16, batch_size: int = 1, device: str = "cpu", dtype: str = "float32",
           image_size: list | None = None, request_timeout_s: float = 60.0, retries: int = 2,
           max_concurrency: int = 4, output: str = "any"):
     """VLM-as-judge: a rubric question about each sample, its reply parsed into a score (factory)."""

@@ -17,11 +17,13 @@ log = logging.getLogger("mmrl.rewards")
 
 
 class LocalVLM:
-    """A transformers image-text-to-text model loaded once; greedy replies, `batch_size` at a time
-    (left-padded, so a reply can differ in its last bits from the same question asked alone)."""
+    """A transformers image-text-to-text model loaded once; greedy replies, `batch_size` at a time. The default,
+    one conversation per call, makes each reply independent of the others asked in the same step and of how the
+    step is split over processes; a larger batch left-pads to its longest conversation, so a reply can differ
+    in its last bits from the same question asked alone (throughput traded for exactness)."""
 
     def __init__(self, model: str, device: str = "cpu", dtype: str = "float32", max_new_tokens: int = 16,
-                 batch_size: int = 8):
+                 batch_size: int = 1):
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 

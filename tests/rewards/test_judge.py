@@ -57,7 +57,15 @@ def test_config_errors_are_found_before_anything_loads(kwargs, message):
 @pytest.fixture(scope="module")
 def local():
     return resolve("judge", {"model": MODEL, "rubric": RUBRIC, "scale": [0, 3], "image_size": SIZE,
-                             "batch_size": 1, "max_new_tokens": 8})
+                             "max_new_tokens": 8})
+
+
+def test_the_local_judge_asks_one_conversation_per_call_by_default(local):
+    """A reply must not depend on the other samples of the step (nor on how the step is split over processes):
+    by default each conversation is its own call, so the batch's scores are the scores asked one by one."""
+    assert local.backend.batch_size == 1
+    samples = _scenes()
+    assert local(samples) == [local([s])[0] for s in samples]
 
 
 def test_local_judge_scores_what_the_model_replies(local):
