@@ -46,7 +46,7 @@ class Config:
 def ddim_reweight_error(what: str) -> ConfigError:
     return ConfigError(f"config key 'algo.step_reweight': {what} samples with DDIM, where GRPO-Guard's 1/dt weight "
                        "(a flow-matching step's dt = sigma_i - sigma_{i+1}) is not defined; set algo.step_reweight=false "
-                       "(algo.ratio_norm works with every family)")
+                       "(algo.policy_loss=grpo_guard works with every family)")
 
 
 def validate_guard(cfg: Config, algo) -> None:

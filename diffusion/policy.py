@@ -9,7 +9,7 @@ KL:           exact Gaussian KL of the SDE step to the reference model's (LoRA d
               returns no KL, and its log-probs never depend on whether a reference was computed.
 GRPO-Guard:   (arXiv 2510.22319, `mmrl.algorithms.guard`) `log_probs` also returns each step's std s (`Scores.step_std`)
               and, flow families only, its weight 1 / dt with dt = sigma_i - sigma_{i+1} (`Scores.step_weight`);
-              built with algo.ratio_norm, the rollout records each trained step's mean mu_old
+              built with algo.policy_loss=grpo_guard, the rollout records each trained step's mean mu_old
               (`state["old_mean"]` [N, T, ...]) and `log_probs` returns the drift
               ||mu_theta - mu_old||^2 / (2 D s^2) (`Scores.mean_drift`, the exact Gaussian KL's formula).
 prompts:      each encoded alone (batch 1) and kept across steps in an LRU of `text_cache_size` prompts

@@ -85,9 +85,9 @@ class Scores:
 
     GRPO-Guard terms (`mmrl.algorithms.guard`), from adapters whose actions are Gaussian steps x' ~ N(mu, s^2)
     with log-probs averaged over the D dims of x'; None where the adapter has none:
-    step_std:    [n, T] s, each action's std (no grad; 0 for deterministic steps). algo.ratio_norm
+    step_std:    [n, T] s, each action's std (no grad; 0 for deterministic steps). algo.policy_loss=grpo_guard
     mean_drift:  [n, T] ||mu_theta - mu_old||^2 / (2 D s^2), mu_old the rollout's mean, with grad
-                 through mu_theta (0 where s == 0). algo.ratio_norm
+                 through mu_theta (0 where s == 0). algo.policy_loss=grpo_guard
     step_weight: [n, T] the gradient weight of each action (diffusion: 1 / dt of its denoising step;
                  no grad). algo.step_reweight
     """
