@@ -21,9 +21,9 @@ def _train(args) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         return _fail(f"configuration error: {e}", EXIT_CONFIG)
-    from mmrl.state.checkpoint import CheckpointError
     from mmrl.loop.trainer import train
     from mmrl.loop.update import NonFiniteError
+    from mmrl.state.checkpoint import CheckpointError
     from rewards.scorer import RewardError
 
     try:

@@ -6,6 +6,12 @@ Defined in `rewards.lookup` (the bottom of the dependency order, so rewards can 
 without importing the core) and re-exported here for the core and the adapters.
 """
 
-from rewards.lookup import LookupFailed, Registry, is_reference, load_object, unexpected_kwargs
+from rewards.lookup import (
+    LookupFailed,
+    Registry,
+    is_reference,
+    load_object,
+    unexpected_kwargs,
+)
 
 __all__ = ["LookupFailed", "Registry", "is_reference", "load_object", "unexpected_kwargs"]

@@ -17,7 +17,6 @@ from mmrl.errors import ConfigError
 if TYPE_CHECKING:
     from mmrl.config import Config
 
-LR_SCHEDULES = ("constant", "linear", "cosine")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -96,6 +95,8 @@ def check_objective(cfg: Config) -> None:
 
 
 def check_sizes(cfg: Config) -> None:
+    from mmrl.algorithms.schedules import SCHEDULES
+
     t = cfg.train
     for name in ("prompts_per_step", "update_epochs", "samples_per_microbatch"):
         at_least(f"train.{name}", getattr(t, name), 1)
@@ -115,7 +116,7 @@ def check_sizes(cfg: Config) -> None:
     within("optim.beta2", o.beta2, 0, 1, high_open=True)
     within("optim.eps", o.eps, 0, float("inf"), low_open=True)
     at_least("optim.warmup_steps", o.warmup_steps, 0)
-    one_of("optim.schedule", o.schedule, LR_SCHEDULES)
+    _registered("optim.schedule", o.schedule, SCHEDULES)
     at_least("optim.max_nonfinite_in_a_row", o.max_nonfinite_in_a_row, 1)
     at_least("eval.every", cfg.eval.every, 0, " (0 = never)")
     at_least("eval.max_prompts", cfg.eval.max_prompts, 1)

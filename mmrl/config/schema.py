@@ -374,7 +374,8 @@ def _registries() -> dict:
     from mmrl.algorithms.objectives import OBJECTIVES
     from mmrl.algorithms.policy_losses import POLICY_LOSSES
     from mmrl.algorithms.rollout_correction import CORRECTIONS
+    from mmrl.algorithms.schedules import SCHEDULES
 
     return {"algo.objective": OBJECTIVES, "algo.advantage": ESTIMATORS, "algo.reward_combine": REWARD_COMBINES,
             "algo.policy_loss": POLICY_LOSSES, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
-            "algo.filter.name": FILTERS, "algo.credit.name": CREDITS, "algo.rollout_correction.mode": CORRECTIONS}
+            "algo.filter.name": FILTERS, "optim.schedule": SCHEDULES, "algo.credit.name": CREDITS, "algo.rollout_correction.mode": CORRECTIONS}

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from mmrl.algorithms.advantages import combine, weighted_total
+from mmrl.algorithms.credit import token_advantages
+from mmrl.algorithms.filtering import FILTERS, best_and_worst
 from mmrl.data import prompt_seed
 from mmrl.distributed.dist import all_reduce
-from mmrl.algorithms.credit import token_advantages
-from mmrl.episodes import episode_metrics
-from mmrl.algorithms.filtering import FILTERS, best_and_worst
 from mmrl.distributed.reduce import Metric, mean, summed, weighted_mean
+from mmrl.episodes import episode_metrics
 from mmrl.types import PromptBatch, Rollout, concat, select
 
 

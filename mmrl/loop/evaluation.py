@@ -14,8 +14,8 @@ import torch
 
 from mmrl.algorithms.advantages import weighted_total
 from mmrl.data import eval_seed
-from mmrl.loop.ema import averaged_weights
 from mmrl.episodes import EpisodeMeta, eval_success
+from mmrl.loop.ema import averaged_weights
 from mmrl.reporting.samples import write_samples, write_strip
 from mmrl.types import PromptBatch
 

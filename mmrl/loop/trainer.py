@@ -19,21 +19,22 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from mmrl import episodes
-from mmrl.state import checkpoint
-from mmrl.distributed import memory, sharding
-from mmrl.loop.collect import Generator
+from mmrl.algorithms.schedules import lr_lambda
 from mmrl.config import Config, ConfigError, to_yaml
-from mmrl.reporting.console import header
+from mmrl.config.policies import BuildContext, build_policy, needs_ratio_norm
 from mmrl.data import PromptSampler, load_records
+from mmrl.distributed import memory, sharding
+from mmrl.distributed.reduce import Accumulator, Metric, mean
+from mmrl.loop.collect import Generator
 from mmrl.loop.ema import EMA, build_ema
 from mmrl.loop.evaluation import Evaluator
+from mmrl.loop.update import Learner, samples_per_optimizer_step
+from mmrl.reporting.console import header
 from mmrl.reporting.metrics import MetricsSink, truncate_after
-from mmrl.config.policies import BuildContext, build_policy, needs_ratio_norm
-from mmrl.distributed.reduce import Accumulator, Metric, mean
 from mmrl.reporting.samples import write_samples
 from mmrl.reporting.summary import before_after, plot_rewards, read_rows, summary_text
+from mmrl.state import checkpoint
 from mmrl.types import Shardable, check_capabilities
-from mmrl.loop.update import Learner, samples_per_optimizer_step
 
 log = logging.getLogger("mmrl")
 
@@ -148,18 +149,6 @@ class Run:
         acc.wait_for_everyone()
 
 
-def _lr_lambda(cfg: Config, total: int):
-    warm, kind = cfg.optim.warmup_steps, cfg.optim.schedule    # kind checked at load (mmrl.config.checks)
-
-    def f(i: int) -> float:
-        if warm and i < warm:
-            return (i + 1) / warm
-        frac = min(1.0, (i - warm) / max(1, total - warm))
-        return {"constant": 1.0, "linear": 1.0 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[kind]
-
-    return f
-
-
 def _resume_path(cfg: Config, ckpt_dir: str) -> str | None:
     """The checkpoint to resume from (None: a new run), after clearing what killed writes left in
     the run directory; a config that changes what is trained across a resume is an error
@@ -258,7 +247,8 @@ def setup(cfg: Config) -> Run:
     n_local = p // world * (2 * cfg.algo.best_worst_k or cfg.train.group_size)  # samples trained per process and step
     per_opt = samples_per_optimizer_step(cfg.train, n_local)
     total_opt_steps = cfg.max_steps * cfg.train.update_epochs * math.ceil(n_local / per_opt)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg, total_opt_steps))
+    schedule = lr_lambda(cfg.optim.schedule, cfg.optim.warmup_steps, total_opt_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     if fsdp:  # already sharded by mmrl (accelerate's own FSDP path does not run on CPU)
         optimizer, scheduler = acc.prepare(optimizer, scheduler)
     else:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mmrl.distributed import memory, sharding
-from mmrl.distributed.dist import all_reduce
 from mmrl.algorithms import objectives
 from mmrl.algorithms.losses import Normalizer
+from mmrl.distributed import memory, sharding
+from mmrl.distributed.dist import all_reduce
 from mmrl.distributed.reduce import Accumulator, Metric, maximum, mean
 
 

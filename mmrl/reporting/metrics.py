@@ -7,8 +7,8 @@ import json
 import math
 import os
 
-from mmrl.state.checkpoint import write_text_atomic
 from mmrl.reporting.console import Progress
+from mmrl.state.checkpoint import write_text_atomic
 
 
 def _clean(value):

@@ -368,8 +368,8 @@ def load(path: str, policy, optimizer, scheduler, ema=None) -> dict:
     `IncompatibleCheckpoint`."""
     from safetensors import SafetensorError
 
-    from mmrl.state import dcp
     from mmrl.distributed import sharding
+    from mmrl.state import dcp
 
     _check_files(path, ema)
     if sharding.is_sharded(policy.model) and not is_sharded(path):

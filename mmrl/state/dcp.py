@@ -53,7 +53,10 @@ def bare_optimizer(optimizer):
 def state(policy, optimizer=None, ema=None) -> dict:
     """The checkpoint state of a run, its tensors those of the live objects (sharded or not): the
     template DCP loads into in place."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+    )
 
     model = bare(policy.model)
     if optimizer is None:
@@ -81,7 +84,10 @@ def load(folder: str, policy, optimizer=None, ema=None) -> None:
     """Load `folder` (written by any number of processes) into the live policy, optimizer and EMA of
     this run, resharded to its processes; ValueError / RuntimeError when it does not fit."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_state_dict,
+    )
 
     template = state(policy, optimizer, ema)
     with _quiet():

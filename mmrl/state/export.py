@@ -19,8 +19,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from mmrl.state import checkpoint
 from mmrl.config import Config, ConfigError, load_config
+from mmrl.state import checkpoint
 from mmrl.types import Exports
 
 MANIFEST = "mmrl_export.json"

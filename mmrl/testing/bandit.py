@@ -16,8 +16,8 @@ from typing import List
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmrl.errors import ConfigError
 from mmrl.distributed.sharding import gathered
+from mmrl.errors import ConfigError
 from mmrl.types import PromptBatch, Reference, Rollout, Scores
 from rewards.sample import Sample
 

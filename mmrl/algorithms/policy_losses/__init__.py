@@ -57,8 +57,13 @@ class PolicyLoss:
 
 
 def _builtins() -> None:
-    from mmrl.algorithms.policy_losses import (cispo, dual_clip, grpo_guard, gspo,  # noqa: F401  (their decorators
-                                               ppo_clip)                            # register the entries)
+    from mmrl.algorithms.policy_losses import (  # noqa: F401  (their decorators
+        cispo,
+        dual_clip,
+        grpo_guard,
+        gspo,
+        ppo_clip,  # register the entries)
+    )
 
 
 POLICY_LOSSES: Registry = Registry("policy loss", references=True, on_first_use=_builtins)
