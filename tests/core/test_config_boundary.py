@@ -140,7 +140,8 @@ def test_a_saved_config_of_the_flat_form_is_migrated():
 
 
 def test_a_run_saved_with_flat_keys_resumes_and_its_config_loads_for_export(tmp_path):
-    """A run written before the sections were nested: its config.yaml holds the flat keys."""
+    """A run written before the sections were nested and before GSPO and GRPO-Guard were losses of their own:
+    its config.yaml holds the flat keys and the flags ratio_level / ratio_norm."""
     run = tmp_path / "run"
     common = [f"output_dir={run}", "checkpoint.every=2", "eval.every=0", "algo.filter.name=starpo",
               "algo.filter.keep_frac=0.5"]
@@ -150,7 +151,8 @@ def test_a_run_saved_with_flat_keys_resumes_and_its_config_loads_for_export(tmp_
     saved = yaml.safe_load((run / "config.yaml").read_text())
     section = saved["algo"].pop("filter")
     assert section == {"name": "starpo", "keep_frac": 0.5, "max_resample_rounds": 3}
-    saved["algo"].update(filter="starpo", filter_keep_frac=0.5, max_resample_rounds=3)     # the flat form
+    saved["algo"].update(filter="starpo", filter_keep_frac=0.5, max_resample_rounds=3,     # the flat form
+                         ratio_level="token", ratio_norm=False)
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     p = subprocess.run([sys.executable, "-m", "mmrl", "train", BANDIT, "max_steps=4", "resume=auto", *common],
                        capture_output=True, text=True, timeout=300)
@@ -159,6 +161,7 @@ def test_a_run_saved_with_flat_keys_resumes_and_its_config_loads_for_export(tmp_
     (run / "config.yaml").write_text(yaml.safe_dump(saved))                               # what export reads
     cfg = load_config(str(run / "config.yaml"), [], saved=True)
     assert cfg.algo.filter == FilterConfig(name="starpo", keep_frac=0.5, max_resample_rounds=3)
+    assert cfg.algo.policy_loss == "ppo_clip"
 
 
 def test_renamed_key_in_a_yaml_file(tmp_path):
