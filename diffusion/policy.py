@@ -16,8 +16,8 @@ prompts:      each encoded alone (batch 1) and kept across steps in an LRU of `t
               (text_cache.py); images decoded `decode_batch` rows per VAE call (padded).
 save / load:  the trainable weights as one safetensors file (diffusers LoRA format for LoRA).
 DiffusionNFT: (arXiv 2509.16117, algo.objective=nft, `diffusion.nft`) the old policy samples the rollouts,
-              which keep only the clean latents; `forward_process_loss` and `update_old` serve `mmrl.algorithms.objectives.nft`,
-              and the old weights are saved next to the policy's file.
+              which keep only the clean latents; `forward_process_loss` and `update_old` serve
+              `mmrl.algorithms.objectives.nft`, and the old weights are saved next to the policy's file.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ class DiffusionPolicy:
             self.nft_old = nft.OldPolicy(self.denoiser)
 
     def _gathered(self):
-        """Sampling with sharded weights (`mmrl.distributed.sharding.gathered`); nothing when the model is not sharded."""
+        """Sampling with sharded weights (`mmrl.distributed.sharding.gathered`); nothing when the model is not
+        sharded."""
         from mmrl.distributed.sharding import gathered
 
         return gathered(self.model, mode=self.rollout_mode)

@@ -104,7 +104,8 @@ class Scores:
 class ForwardLoss:
     """What `Policy.forward_process_loss` returns for a microbatch of n samples (algo.objective=nft).
 
-    loss:    [n] each sample's DiffusionNFT loss with grad (`mmrl.algorithms.objectives.nft.nft_loss`, averaged over its flow times).
+    loss:    [n] each sample's DiffusionNFT loss with grad (`mmrl.algorithms.objectives.nft.nft_loss`, averaged
+             over its flow times).
     kl:      [n] the distance of the trained model's velocity to the reference model's on the same noised
              inputs, ||v_theta - v_ref||^2 / D (the official code's KL term), with grad; None unless the
              `NFTSpec` asked for it (algo.kl_beta != 0).
@@ -206,13 +207,13 @@ class Exports(Protocol):
 
 @runtime_checkable
 class ForwardProcess(Protocol):
-    """The forward-process loss (needed when algo.objective=nft, DiffusionNFT, `mmrl.algorithms.objectives.nft`). The rollout then needs
-    no log-probs (`Rollout.log_probs` may be None, `mask` one column per sample) and is sampled by the "old"
+    """The forward-process loss (needed when algo.objective=nft, DiffusionNFT, `mmrl.algorithms.objectives.nft`).
+    The rollout then needs no log-probs (`Rollout.log_probs` may be None, `mask` one column per sample) and is sampled by the "old"
     policy; the core never calls `log_probs` or `reference_log_probs`.
       forward_process_loss(rollout, index, r, spec) -> ForwardLoss: noise each sample's clean output at
           `spec.timesteps` flow times drawn from a generator seeded by the sample's rollout seed and
-          `spec.draw` (never the global RNG or the rank), and return `mmrl.algorithms.objectives.nft.nft_loss` per sample, r [n]
-          being each sample's optimality probability.
+          `spec.draw` (never the global RNG or the rank), and return `mmrl.algorithms.objectives.nft.nft_loss`
+          per sample, r [n] being each sample's optimality probability.
       update_old(decay): old <- decay * old + (1 - decay) * theta, after each training step; the old
           weights belong to the policy's checkpoint (`save` / `load`), so a resumed run is bit-exact."""
 
@@ -223,11 +224,11 @@ class ForwardProcess(Protocol):
 
 @runtime_checkable
 class Shardable(Protocol):
-    """A policy that keeps references to parameters (distributed.strategy=fsdp, `mmrl.distributed.sharding`): the trainer
-    shards `model` in place after `build` (its parameters become DTensors) and then calls `on_shard()`, where the
-    policy takes the new ones. Code that reads weights outside `model`'s forward (generation, image encoding) runs
-    inside `mmrl.distributed.sharding.gathered(model, mode=BuildContext.rollout)`; every process must call each block the
-    same number of times. Models the policy builds besides `model` (a frozen reference) go through
+    """A policy that keeps references to parameters (distributed.strategy=fsdp, `mmrl.distributed.sharding`): the
+    trainer shards `model` in place after `build` (its parameters become DTensors) and then calls `on_shard()`,
+    where the policy takes the new ones. Code that reads weights outside `model`'s forward (generation, image
+    encoding) runs inside `mmrl.distributed.sharding.gathered(model, mode=BuildContext.rollout)`; every process must
+    call each block the same number of times. Models the policy builds besides `model` (a frozen reference) go through
     `BuildContext.shard`."""
 
     def on_shard(self) -> None: ...

@@ -134,7 +134,8 @@ class VLMCommon(abc.ABC):
             self.p.backend.synced = self.ctx.rollout == "sharded"
 
     def _gathered(self):
-        """Sampling with sharded weights (`mmrl.distributed.sharding.gathered`); nothing when the model is not sharded."""
+        """Sampling with sharded weights (`mmrl.distributed.sharding.gathered`); nothing when the model is not
+        sharded."""
         from mmrl.distributed.sharding import gathered
 
         return gathered(self.scorer, mode=self.ctx.rollout)

@@ -11,8 +11,8 @@ An adapter is a module (or any object) with
                                 GRPO-Guard (algo.policy_loss=grpo_guard / algo.step_reweight, `mmrl.algorithms.guard`):
                                 checks that this policy section can, raising ValueError
     validate_nft(cfg, algo)     present when the policy implements the forward-process loss of
-                                algo.objective=nft (DiffusionNFT, `mmrl.algorithms.objectives.nft`): checks that this policy
-                                section can serve it, raising ValueError
+                                algo.objective=nft (DiffusionNFT, `mmrl.algorithms.objectives.nft`):
+                                checks that this policy section can serve it, raising ValueError
     validate_rollout_correction(cfg, algo)  present when the policy can sample with an engine other than
                                 its trained forward and record that engine's log-probs
                                 (`Rollout.engine_log_probs`, algo.rollout_correction): checks that this

@@ -191,7 +191,8 @@ def _records(cfg: Config) -> tuple[list, list | None]:
 
 def _build_policy(cfg: Config, acc: Accelerator):
     """The adapter's policy; with distributed.strategy=fsdp its model sharded in place (its parameters become
-    DTensors, `mmrl.distributed.sharding`), after which `policy.on_shard()` takes the new parameters where it holds any."""
+    DTensors, `mmrl.distributed.sharding`), after which `policy.on_shard()` takes the new parameters where it holds
+    any."""
     dist_cfg = cfg.distributed
     shard = (functools.partial(sharding.shard, device=acc.device, precision=cfg.precision,
                                reshard_after_forward=dist_cfg.reshard_after_forward)

@@ -6,7 +6,8 @@ Every entry has one signature,
 
 where `l` is the per-action loss before aggregation (the core aggregates it with algo.aggregation, adds the
 KL and entropy terms, and applies GRPO-Guard's step weights and the rollout correction's importance weights),
-and `metrics` maps names to `mmrl.distributed.reduce.Metric`s (plain numbers count as means over this batch's actions).
+and `metrics` maps names to `mmrl.distributed.reduce.Metric`s (plain numbers count as means over this batch's
+actions).
 `algo.policy_loss` names the entry: a registered name (`POLICY_LOSSES.names()`), 'package.module:fn' or
 'path/to/file.py:fn' (a user's loss, a plain function with that signature). A built-in entry is a `PolicyLoss`,
 which also carries the load-time check of the algo keys the loss reads or refuses and whether it needs
@@ -57,13 +58,8 @@ class PolicyLoss:
 
 
 def _builtins() -> None:
-    from mmrl.algorithms.policy_losses import (  # noqa: F401  (their decorators
-        cispo,
-        dual_clip,
-        grpo_guard,
-        gspo,
-        ppo_clip,  # register the entries)
-    )
+    # importing the entries' files runs their decorators, which register them
+    from mmrl.algorithms.policy_losses import cispo, dual_clip, grpo_guard, gspo, ppo_clip  # noqa: F401
 
 
 POLICY_LOSSES: Registry = Registry("policy loss", references=True, on_first_use=_builtins)
