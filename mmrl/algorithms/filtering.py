@@ -1,6 +1,8 @@
 """Group filters: which prompt groups of a step carry a learning signal.
 
-Both take the combined rewards r [P, G] (NaN = unscorable) and return keep [P] (bool).
+Each takes the combined rewards r [P, G] (NaN = unscorable) and returns keep [P] (bool). A filter registered
+with `resamples=True` has the generator sample further rounds of prompts until the step is full
+(`algo.filter.max_resample_rounds`); the others train on the groups they keep.
 """
 
 from __future__ import annotations
@@ -15,6 +17,19 @@ from mmrl.errors import ConfigError
 from mmrl.registry import Registry
 
 FILTERS: Registry = Registry("group filter")
+RESAMPLING: set[str] = set()          # filters whose dropped groups are replaced by new prompts' groups
+
+
+def register(name: str, *, resamples: bool = False):
+    """Decorator: `@register("name", resamples=...)` on a `fn(r [P, G], keep_frac) -> keep [P]`."""
+
+    def deco(fn):
+        FILTERS.register(name)(fn)
+        if resamples:
+            RESAMPLING.add(name)
+        return fn
+
+    return deco
 
 
 @dataclass(frozen=True)
@@ -23,7 +38,7 @@ class FilterConfig:
 
     name: str = "none"                    # none | dynamic (DAPO) | starpo (keep the highest-spread groups)
     keep_frac: float = 0.5                # starpo: fraction of groups kept
-    max_resample_rounds: int = 3          # dynamic: extra rollout rounds to fill the step
+    max_resample_rounds: int = 3          # a resampling filter (dynamic): extra rollout rounds to fill the step
 
 
 def check(section: FilterConfig) -> None:
@@ -44,19 +59,19 @@ def group_spread(r: torch.Tensor) -> torch.Tensor:
     return group_stats(r).std[:, 0]                                  # [P]
 
 
-@FILTERS.register("none")
+@register("none")
 def keep_all(r: torch.Tensor, keep_frac: float = 1.0) -> torch.Tensor:
     return torch.ones(r.shape[0], dtype=torch.bool)
 
 
-@FILTERS.register("dynamic")
+@register("dynamic", resamples=True)
 def has_signal(r: torch.Tensor, keep_frac: float = 1.0) -> torch.Tensor:
     """DAPO dynamic sampling (arXiv 2503.14476): drop groups whose valid rewards are all
     equal. The trainer then samples more prompts until the step is full."""
     return group_stats(r).has_signal[:, 0]                           # [P]
 
 
-@FILTERS.register("starpo")
+@register("starpo")
 def top_spread(r: torch.Tensor, keep_frac: float = 0.5) -> torch.Tensor:
     """StarPO-S uncertainty filtering (RAGEN, arXiv 2504.20073): keep the fraction
     `keep_frac` of groups with the highest reward std (at least one; ties by index)."""

@@ -13,7 +13,7 @@ import torch
 
 from mmrl.algorithms.advantages import combine, weighted_total
 from mmrl.algorithms.credit import token_advantages
-from mmrl.algorithms.filtering import FILTERS, best_and_worst
+from mmrl.algorithms.filtering import FILTERS, RESAMPLING, best_and_worst, has_signal
 from mmrl.data import prompt_seed
 from mmrl.distributed.dist import all_reduce
 from mmrl.distributed.reduce import Metric, mean, summed, weighted_mean
@@ -124,7 +124,8 @@ class Generator:
         """The training batch of `step` (0-based): rounds of rollouts until the filter keeps enough groups."""
         g, a, rewards = self.train.group_size, self.algo, self.rewards
         keep_fn = FILTERS.resolve(a.filter.name, "algo.filter.name")
-        rounds = 1 + (a.filter.max_resample_rounds if a.filter.name == "dynamic" else 0)
+        resamples = a.filter.name in RESAMPLING
+        rounds = 1 + (a.filter.max_resample_rounds if resamples else 0)
         kept_rollouts, kept_scores, first_metrics, n_kept = [], [], None, 0
         for rnd in range(rounds):
             rollout, scores, metrics = self._round(step, rnd)
@@ -135,7 +136,7 @@ class Generator:
                 valid = total[~torch.isnan(total)]                            # [M] scorable samples
                 reward_mean = valid.mean() if valid.numel() else float("nan")
                 first_metrics["reward/mean"] = weighted_mean(reward_mean, valid.numel())
-                signal = FILTERS.resolve("dynamic")(_groups(total, g))          # [P] groups with spread
+                signal = has_signal(_groups(total, g))                          # [P] groups with spread
                 first_metrics["adv/zero_std_frac"] = mean(1.0 - float(signal.float().mean()))
                 if self.episodes:                                             # multi-turn agents
                     first_metrics.update(episode_metrics(rollout.samples, total, g))
@@ -143,7 +144,7 @@ class Generator:
             kept_rollouts.append(select(rollout, idx))
             kept_scores.append(scores[idx])
             n_kept += int(keep.sum())
-            if a.filter.name != "dynamic":
+            if not resamples:
                 break
             if all_reduce([float(n_kept >= self.prompts_per_process)], "min")[0] > 0:
                 break

@@ -82,10 +82,6 @@ class Run:
         return self.learner.scheduler
 
     @property
-    def run_dir(self) -> str:
-        return self.cfg.output_dir
-
-    @property
     def ckpt_dir(self) -> str:
         return os.path.join(self.cfg.output_dir, "checkpoints")
 

@@ -118,3 +118,28 @@ def test_best_worst_k_in_training_keeps_2k_per_group(tmp_path):
     rows = [json.loads(line) for line in open(tmp_path / "samples" / "step_000001.jsonl")]
     assert len(rows) == 4 * 4                        # P=4 groups x 2k=4
     assert len(train_rows(tmp_path)) == 3
+
+
+
+def test_a_filter_registered_as_resampling_refills_the_step(tmp_path):
+    """The generator's extra rounds follow the filter's own registration, not its name: a user's filter that
+    keeps half of each round's groups fills the step in two rounds; registered without resampling, in one."""
+    from mmrl.algorithms.filtering import RESAMPLING, register
+
+    def first_half(r, keep_frac=1.0):
+        keep = torch.zeros(r.shape[0], dtype=torch.bool)
+        keep[: r.shape[0] // 2] = True
+        return keep
+
+    try:
+        register("first_half_refill", resamples=True)(first_half)
+        register("first_half_once")(first_half)
+        for name, rounds, kept in (("first_half_refill", 2, 4), ("first_half_once", 1, 2)):
+            run_bandit(tmp_path / name, f"algo.filter.name={name}", "max_steps=1", "train.prompts_per_step=4",
+                       "eval.every=0")
+            row = train_rows(tmp_path / name)[0]
+            assert (row["filter/rounds"], row["filter/kept_groups"]) == (rounds, kept), name
+    finally:
+        for name in ("first_half_refill", "first_half_once"):
+            FILTERS.pop(name, None)
+            RESAMPLING.discard(name)
