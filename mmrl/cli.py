@@ -69,16 +69,16 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Train from CONFIG, overriding any key with dotted key=value pairs, e.g.\n"
                                    "  mmrl train configs/tiny/bandit.yaml max_steps=20 optim.lr=0.1\n\n"
-                                   "Config sections and their defaults (README: config reference):\n"
+                                   "Config sections and their defaults (docs/reference/config.md):\n"
                                    + describe_sections()
                                    + "\n  policy: name plus the adapter's own keys (bandit, vlm, diffusion)")
     t.add_argument("config", help="YAML file")
-    t.add_argument("overrides", nargs="*", metavar="key=value")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. optim.lr=1e-5")
     t.set_defaults(func=_train)
     e = sub.add_parser("export", help="write a checkpoint's weights as a transformers / peft / diffusers folder",
                        description="Export the newest checkpoint of run directory SOURCE (or the checkpoint folder "
                                    "SOURCE = RUN/checkpoints/step_<n>) into the new folder OUT_DIR, loadable with "
-                                   "the model's own library (README: export the trained weights).")
+                                   "the model's own library (docs/guides/scale-out.md).")
     e.add_argument("source", help="run directory or checkpoint directory")
     e.add_argument("out_dir", help="new (or empty) output folder")
     e.add_argument("--ema", action="store_true", help="export the EMA weights (policy_ema.safetensors)")

@@ -33,14 +33,17 @@ CREDITS: Registry = Registry("credit")
 @dataclass(frozen=True)
 class Credit:
     """A registered credit: `turn_key(meta, k)` -> the key whose turns are normalised together (None: trajectory
-    level only, no turn-level term)."""
+    level only, no turn-level term); `doc` is its line in the docs and listings."""
 
     turn_key: Callable | None
+    doc: str = ""
 
 
-CREDITS.register("trajectory")(Credit(None))                                                  # StarPO
-CREDITS.register("turn_index")(Credit(lambda meta, k: k))                                     # the k-th turns
-CREDITS.register("state")(Credit(lambda meta, k: meta[EpisodeMeta.STATES][k]))               # GiGPO anchor states
+CREDITS.register("trajectory")(Credit(None, "StarPO: the trajectory's advantage on every turn (no turn-level term)."))
+CREDITS.register("turn_index")(Credit(lambda meta, k: k, "Adds a turn-level advantage: discounted returns "
+                                      "normalised across the group's k-th turns."))
+CREDITS.register("state")(Credit(lambda meta, k: meta[EpisodeMeta.STATES][k], "GiGPO: adds a turn-level advantage "
+                                 "normalised across the group's turns taken from the same state (anchor states)."))
 
 
 @dataclass(frozen=True)

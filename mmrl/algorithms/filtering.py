@@ -61,6 +61,7 @@ def group_spread(r: torch.Tensor) -> torch.Tensor:
 
 @register("none")
 def keep_all(r: torch.Tensor, keep_frac: float = 1.0) -> torch.Tensor:
+    """Keep every group."""
     return torch.ones(r.shape[0], dtype=torch.bool)
 
 

@@ -14,6 +14,7 @@ SCHEDULES: Registry = Registry("learning-rate schedule")
 
 @SCHEDULES.register("constant")
 def constant(frac: float) -> float:
+    """The learning rate stays at optim.lr (after the warm-up)."""
     return 1.0
 
 
