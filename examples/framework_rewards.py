@@ -1,6 +1,6 @@
 """The bandit's `match` reward (the fraction of positions whose arm is the target arm) written once
-for each framework whose reward functions mmrl calls unchanged (README "Reward functions from other
-frameworks"); tests/rewards/test_styles.py trains with all of them side by side."""
+for each framework whose reward functions mmrl calls unchanged (docs/guides/rewards.md, "Reward functions
+from other frameworks"); tests/rewards/test_styles.py trains with all of them side by side."""
 
 
 def _match(output: str, answer: str) -> float:

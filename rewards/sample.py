@@ -1,4 +1,4 @@
-"""The one thing every reward scores: a `Sample` (a public contract: README "Rewards")."""
+"""The one thing every reward scores: a `Sample` (a public contract: docs/guides/rewards.md)."""
 
 from __future__ import annotations
 

@@ -5,5 +5,5 @@ Files, one job each: data/converters (records), images (decoding, resizing), pro
 truncation), features (image encoder outputs, cached per prompt), batch (layout, image-token check),
 generation (HF backend, blocked tokens), logprobs (the one scoring forward), model (loading, LoRA),
 setup (building the parts), policy (the Policy protocol), tiny (offline test models; test data in shapes_world),
-vllm_backend (optional). README.md's "Train a VLM reasoner" section is the user guide.
+vllm_backend (optional). The user guide is docs/guides/vlm.md.
 """

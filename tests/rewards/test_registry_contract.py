@@ -1,4 +1,4 @@
-"""The reward contract, parametrized over every registered built-in (README "Rewards": list[Sample] -> list[float | None]).
+"""The reward contract, parametrized over every registered built-in (docs/guides/rewards.md: list[Sample] -> list[float | None]).
 
 A newly registered reward fails here until it gets an entry in SPECS below.
 """
