@@ -87,7 +87,7 @@ def field_comments(cls: type) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _default_text(f: dataclasses.Field, value) -> str:
+def _default_text(value) -> str:
     if isinstance(value, str):
         return f"`{value!r}`" if value == "" else f"`{value}`"
     if value is None:
@@ -112,7 +112,7 @@ def section_fields(cls: type) -> tuple[list[FieldDoc], list[tuple[str, type]]]:
         doc, group = comments.get(f.name, ("", ""))
         type_text = (f.type if isinstance(f.type, str) else f.type.__name__ if isinstance(f.type, type)
                      else str(f.type).replace("typing.", ""))
-        plain.append(FieldDoc(f.name, type_text, _default_text(f, value), doc, group))
+        plain.append(FieldDoc(f.name, type_text, _default_text(value), doc, group))
     return plain, nested
 
 
@@ -146,21 +146,16 @@ def section_table(prefix: str, cls: type, skip: tuple[str, ...] = (), level: int
 
 
 # ------------------------------------------------------------------------------------- registries
-def first_paragraph(obj) -> str:
-    """The first paragraph of an object's docstring, on one line."""
-    doc = (inspect.getdoc(obj) or "").strip().split("\n\n")[0]
-    return " ".join(doc.split())
-
-
 def _entry_doc(obj) -> str:
-    if isinstance(getattr(obj, "doc", None), str) and not inspect.ismodule(obj):   # a reward Entry, a Credit
-        target = getattr(obj, "obj", None)
-        return first_paragraph(target) if target is not None else obj.doc
+    from rewards.lookup import summary_doc
+
+    if isinstance(getattr(obj, "doc", None), str):                  # a reward Entry, a Credit: their own line
+        return obj.doc
     if not inspect.ismodule(obj) and callable(getattr(obj, "build", None)):   # an Objective: its file's docstring
         obj = inspect.getmodule(obj.build)
     target = obj if inspect.ismodule(obj) else (getattr(obj, "fn", None) or obj)
     if inspect.ismodule(target) or inspect.isfunction(target) or inspect.isclass(target):
-        return first_paragraph(target)
+        return summary_doc(target)
     return ""
 
 
@@ -228,7 +223,7 @@ def config_page() -> str:
         "",
     ]
     lines += NOTES.strip().splitlines() + [""]
-    top, nested = section_fields(schema.Config)
+    _, nested = section_fields(schema.Config)
     lines += ["## Top level", ""]
     lines += section_table("", schema.Config, skip=("policy", "env", "rewards") + tuple(n for n, _ in nested))
     comments = field_comments(schema.Config)

@@ -152,12 +152,11 @@ class Registry(Generic[T], dict):
 
 
 
-def first_line_doc(obj: Any) -> str:
-    """The first line of an object's docstring ('' without one), for listings."""
+def summary_doc(obj: Any) -> str:
+    """The first paragraph of an object's docstring on one line ('' without one), for listings and the docs."""
     import inspect
 
-    doc = (inspect.getdoc(obj) or "").strip().splitlines()
-    return doc[0] if doc else ""
+    return " ".join((inspect.getdoc(obj) or "").strip().split("\n\n")[0].split())
 
 
 def unexpected_kwargs(fn: Callable, kwargs: Iterable[str], skip: int = 0) -> list[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rewards import styles
-from rewards.lookup import LookupFailed, Registry, first_line_doc, is_reference, unexpected_kwargs
+from rewards.lookup import LookupFailed, Registry, summary_doc, is_reference, unexpected_kwargs
 
 RewardFn = Callable[[list], list]
 
@@ -44,7 +44,7 @@ def register(name: str, *, factory: bool = False):
     def deco(obj):
         if name in REGISTRY and REGISTRY[name].obj is not obj:
             raise ValueError(f"reward name {name!r} is already registered by {REGISTRY[name].obj!r}")
-        REGISTRY[name] = Entry(name, obj, factory, first_line_doc(obj))
+        REGISTRY[name] = Entry(name, obj, factory, summary_doc(obj))
         return obj
 
     return deco
@@ -60,7 +60,7 @@ def entry(name: str, field: str | None = None) -> Entry:
     if isinstance(obj, Entry):
         return obj
     factory = inspect.isclass(obj) or bool(getattr(obj, "_mmrl_factory", False))
-    return Entry(name, obj, factory, first_line_doc(obj))
+    return Entry(name, obj, factory, summary_doc(obj))
 
 
 def check(name: str, kwargs: dict | None = None, field: str | None = None, style: str = "auto") -> Entry:
