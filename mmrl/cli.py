@@ -1,5 +1,5 @@
 """`mmrl` command line: `mmrl train CONFIG [key=value ...]`, `mmrl export SOURCE OUT_DIR [--ema]`,
-`mmrl rewards ...`.
+`mmrl report RUN_DIR [--out FILE]`, `mmrl rewards ...`.
 
 User errors (bad config, missing files, a broken reward) print one paragraph and exit
 with code 2 (configuration) or 1 (training stopped); never a traceback.
@@ -55,6 +55,17 @@ def _export(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from mmrl.reporting.report import write_report
+
+    try:
+        path = write_report(args.run_dir, args.out)
+    except FileNotFoundError as e:
+        return _fail(f"report error: {e}", EXIT_CONFIG)
+    print(f"mmrl: report written to {path}")
+    return 0
+
+
 def _fail(message: str, code: int) -> int:
     print(f"mmrl: {message}", file=sys.stderr)
     return code
@@ -83,6 +94,14 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("out_dir", help="new (or empty) output folder")
     e.add_argument("--ema", action="store_true", help="export the EMA weights (policy_ema.safetensors)")
     e.set_defaults(func=_export)
+    r = sub.add_parser("report", help="write a run's self-contained HTML report (RUN_DIR/report.html)",
+                       description="Write one self-contained HTML page for run directory RUN_DIR, finished or "
+                                   "still running: reward and held-out curves, evaluation tables, held-out "
+                                   "images or episodes at each evaluation, before/after, timings and memory. "
+                                   "Every run writes it at its end as well.")
+    r.add_argument("run_dir", help="run directory (holds metrics.jsonl)")
+    r.add_argument("--out", default=None, help="where to write the page (default RUN_DIR/report.html)")
+    r.set_defaults(func=_report)
     from rewards.cli import add_commands
 
     add_commands(sub)

@@ -33,6 +33,17 @@ def _episode_strip(path: str, sample) -> None:
     write_strip(path, images, moves + [end])
 
 
+def _by_task(samples: list, total: torch.Tensor) -> dict:
+    """`eval/task/<task>/reward/mean` for the records that name a `task` (a question kind, a data source),
+    so a run shows which kind of held-out prompt improved; {} when no record names one."""
+    groups: dict[str, list[float]] = {}
+    for s, r in zip(samples, total.tolist()):                                  # total: [M]
+        task = s.meta.get("task")
+        if isinstance(task, str) and not math.isnan(r):
+            groups.setdefault(task, []).append(r)
+    return {f"eval/task/{t}/reward/mean": sum(v) / len(v) for t, v in sorted(groups.items())}
+
+
 @dataclass(frozen=True)
 class Evaluator:
     """Held-out evaluation, built by keyword from what it uses; `evaluator(step)` scores `Evaluates.generate_eval`
@@ -70,6 +81,7 @@ class Evaluator:
         valid = total[~torch.isnan(total)]
         out = {f"eval/{k}": v for k, v in metrics.items() if not k.startswith("time/")}  # times: training steps only
         out["eval/reward/mean"] = float(valid.mean()) if valid.numel() else math.nan
+        out.update(_by_task(samples, total))
         labels, diag = self.rewards.labels, self.diagnostics
         if diag is not None:                                                    # measured, never trained on
             quality, q_metrics = diag.score(samples)                            # [M, D]
@@ -80,7 +92,7 @@ class Evaluator:
             out["eval/success"] = success
         if self.samples_dir is not None:
             path = os.path.join(self.samples_dir, f"eval_step_{step:06d}.jsonl")
-            write_samples(path, samples, scores, labels)
+            write_samples(path, samples, scores, labels, totals=total)
             if self.episodes and samples:
                 _episode_strip(os.path.splitext(path)[0] + "_episode.png", samples[0])
         return out

@@ -32,6 +32,7 @@ from mmrl.loop.update import Learner, samples_per_optimizer_step
 from mmrl.reporting.console import header
 from mmrl.reporting.metrics import MetricsSink, truncate_after
 from mmrl.reporting.samples import write_samples
+from mmrl.reporting.report import write_report
 from mmrl.reporting.summary import before_after, plot_rewards, read_rows, summary_text
 from mmrl.state import checkpoint
 from mmrl.types import Shardable, check_capabilities
@@ -124,6 +125,7 @@ class Run:
             rows = read_rows(cfg.output_dir)
             plot_rewards(cfg.output_dir, rows)
             before_after(cfg.output_dir)
+            write_report(cfg.output_dir)
             print(f"mmrl: {summary_text(rows)}", flush=True)
 
     def eval_due(self, step: int) -> bool:

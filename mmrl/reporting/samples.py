@@ -48,13 +48,20 @@ def write_strip(path: str, images: list, captions: list[str], side: int = 112) -
 
 
 def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[str],
-                  advantages: torch.Tensor | None = None) -> None:
+                  advantages: torch.Tensor | None = None, totals: torch.Tensor | None = None) -> None:
+    """One JSON line per sample: id, prompt, output (an image's PNG path), answer, each reward's score
+    [M, K] by label, the record's `task` when it has one, and optionally the weighted total reward [M]
+    (`reward`) and the advantage [M]."""
     image_dir = os.path.splitext(path)[0]
     with open(path, "w", encoding="utf-8") as f:
         for i, s in enumerate(samples):
             row = {"id": s.id, "prompt": s.prompt, "output": _output_field(s.output, image_dir, i),
                    "answer": s.answer if isinstance(s.answer, (str, int, float, list, type(None))) else repr(s.answer),
                    "scores": {k: (None if math.isnan(v) else v) for k, v in zip(labels, scores[i].tolist())}}
+            if isinstance(s.meta.get("task"), str):
+                row["task"] = s.meta["task"]
+            if totals is not None:
+                row["reward"] = None if math.isnan(float(totals[i])) else float(totals[i])
             if advantages is not None:
                 row["advantage"] = float(advantages[i])
             f.write(json.dumps(row, default=repr) + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -99,10 +100,63 @@ def _cell(value) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:120]
 
 
+def _reward(row: dict) -> float | None:
+    """A saved sample's total reward (`reward`), else the mean of its scores (files written before totals were)."""
+    if "reward" in row:
+        return row["reward"]
+    values = [v for v in row.get("scores", {}).values() if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+MAX_GOLDS = 12       # per-gold rows only for tasks with at most this many distinct gold answers
+
+
+def _groups(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """{(task, gold): rows}: every task ("all" without task fields) as (task, "(all)"), and by gold answer
+    where the gold is a short text and the task has at most MAX_GOLDS of them."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        out.setdefault((r.get("task", "all"), "(all)"), []).append(r)
+    for task in sorted({t for t, _ in out}):
+        mine = [r for r in rows if r.get("task", "all") == task]
+        golds = {r.get("answer") for r in mine}
+        if all(isinstance(g, (str, int)) for g in golds) and 1 < len(golds) <= MAX_GOLDS:
+            for g in sorted(golds, key=str):
+                out[(task, str(g))] = [r for r in mine if r.get("answer") == g]
+    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1] != "(all)", kv[0][1])))
+
+
+def _mean_reward(rows: list[dict]) -> float | None:
+    values = [v for v in map(_reward, rows) if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _top_output(rows: list[dict]) -> str:
+    """The most frequent output and its share: a policy that answers one thing to everything shows here."""
+    outputs = [r["output"] for r in rows if isinstance(r.get("output"), str)]
+    if not outputs:
+        return ""
+    top, n = Counter(outputs).most_common(1)[0]                  # ties: the first seen
+    return f"{top.strip()[:40]} ({n / len(outputs):.0%})"
+
+
+def task_table(before: list[dict], after: list[dict]) -> list[list[str]]:
+    """Rows [task, gold, n, reward before, reward after, top output before, top output after] of two
+    evaluations of the same held-out records: per task and per gold answer, so a rise that is a
+    constant answer (right only on one gold) shows as one gold's column rising while the others fall."""
+    a, b = _groups(before), _groups(after)
+    fmt = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
+    return [[task, gold, str(len(rows)), fmt(_mean_reward(rows)), fmt(_mean_reward(b.get((task, gold), []))),
+             _top_output(rows), _top_output(b.get((task, gold), []))] for (task, gold), rows in a.items()]
+
+
+TASK_HEADER = ["task", "gold answer", "n", "reward before", "reward after", "top output before", "top output after"]
+
+
 def before_after(run_dir: str) -> str | None:
     """Compare the first and last evaluations: `before_after.png` (both image grids, one
     above the other) when outputs are images or episodes (the first held-out episode's strip),
-    else `before_after.md` (a table of answers)."""
+    else `before_after.md` (the reward per task and per gold answer, then every answer)."""
     files = _eval_files(run_dir)
     if len(files) < 2:
         return None
@@ -129,7 +183,11 @@ def before_after(run_dir: str) -> str | None:
         return path
     rows_a, rows_b = _read_jsonl(first), _read_jsonl(last)
     lines = [f"# Held-out answers: {os.path.basename(first)} vs {os.path.basename(last)}", "",
-             "| prompt | answer | before | before score | after | after score |", "|---|---|---|---|---|---|"]
+             "## Reward by task and gold answer", "",
+             "| " + " | ".join(TASK_HEADER) + " |", "|---" * len(TASK_HEADER) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in task_table(rows_a, rows_b)]
+    lines += ["", "## Every answer", "",
+              "| prompt | answer | before | before score | after | after score |", "|---|---|---|---|---|---|"]
     for ra, rb in zip(rows_a, rows_b):
         lines.append("| " + " | ".join(_cell(v) for v in (ra["prompt"], ra.get("answer"), ra["output"], ra["scores"],
                                                           rb["output"], rb["scores"])) + " |")

@@ -26,7 +26,7 @@ def test_committed_model_loads_offline_with_a_low_but_nonzero_held_out_score(tmp
     assert 0.05 <= curve[0][1] <= 0.35, f"pretrained held-out shapes_t2i {curve[0][1]} outside [0.05, 0.35]"
 
 
-def test_shortened_default_raises_the_held_out_reward_without_stray_pixels(tmp_path, eval_curve_of):
+def test_shortened_default_raises_the_held_out_reward_without_stray_pixels(tmp_path, eval_curve_of, rendered_report):
     from mmrl.reporting.summary import read_rows
 
     curve = eval_curve_of(CONFIG, tmp_path, f"policy.model={MODEL}", f"max_steps={SHORT_STEPS}",
@@ -38,8 +38,11 @@ def test_shortened_default_raises_the_held_out_reward_without_stray_pixels(tmp_p
     stray = [r["eval/quality/shapes_stray"] for r in rows if r["step"] == SHORT_STEPS and "eval/quality/shapes_stray" in r]
     assert stray and stray[-1] <= MAX_STRAY, stray
     assert all(r["nft/old_decay"] == min(0.001 * r["step"], 0.5) for r in rows if "loss" in r)
-    for name in ("reward_curve.png", "before_after.png", "metrics.jsonl"):
+    for name in ("reward_curve.png", "before_after.png", "metrics.jsonl", "report.html"):
         assert os.path.isfile(tmp_path / name), name
+    figures, rendered, dom = rendered_report(tmp_path)       # the report the run wrote, in a headless browser
+    assert figures == rendered >= 6, (figures, rendered)      # curves, timings, memory, 2 grids, before/after
+    assert f"step {SHORT_STEPS}: held-out images" in dom and "the first evaluation above the last" in dom
 
 
 def test_pretraining_script_writes_a_loadable_pipeline(tmp_path):

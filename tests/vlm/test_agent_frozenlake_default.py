@@ -27,12 +27,15 @@ def test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily(tmp_
 
 
 @pytest.mark.slow
-def test_shortened_default_raises_the_held_out_success(tmp_path, eval_curve_of):
+def test_shortened_default_raises_the_held_out_success_and_reports_it(tmp_path, eval_curve_of, rendered_report):
     curve = eval_curve_of(CONFIG, tmp_path, f"max_steps={SHORT_STEPS}", f"eval.every={SHORT_STEPS}",
                           "eval.max_prompts=32", "eval.prompts_per_batch=32")
     (first_step, first), (last_step, last) = curve[0], curve[-1]
     assert (first_step, last_step) == (0, SHORT_STEPS), curve
     assert last - first >= SHORT_MARGIN, f"held-out success {first:.3f} -> {last:.3f} (want +{SHORT_MARGIN})"
+    figures, rendered, dom = rendered_report(tmp_path)       # the report the run wrote, in a headless browser
+    assert figures == rendered >= 6, (figures, rendered)      # curves, timings, memory, 2 strips, before/after
+    assert f"step {SHORT_STEPS}: first held-out episode" in dom and "eval/success" in dom
 
 
 def test_pretraining_script_writes_a_loadable_model(tmp_path):
