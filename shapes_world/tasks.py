@@ -17,36 +17,44 @@ EVAL_SEED_BASE = 10**6
 PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles"}
 
 
-def _count_question(rng: random.Random, scene: Scene) -> dict:
-    color = rng.choice(list(COLORS))
-    n = sum(s.color == color for s in scene.shapes)
-    return {"task": "count", "prompt": f"How many {color} shapes are in the image?", "answer": str(n)}
+def _unique(scene: Scene, key) -> list[Shape]:
+    """The shapes no other shape of the scene shares `key(shape)` with."""
+    return [s for s in scene.shapes if sum(key(t) == key(s) for t in scene.shapes) == 1]
 
 
-def _attribute_question(rng: random.Random, scene: Scene) -> dict | None:
-    unique = [s for s in scene.shapes if sum(t.kind == s.kind for t in scene.shapes) == 1]
-    if not unique:
+def _count_question(rng: random.Random, scene: Scene, want: str | None) -> dict | None:
+    counts = {c: sum(s.color == c for s in scene.shapes) for c in COLORS}
+    colors = [c for c, n in counts.items() if want is None or str(n) == want]
+    if not colors:
         return None
-    s = rng.choice(unique)
+    color = rng.choice(colors)
+    return {"task": "count", "prompt": f"How many {color} shapes are in the image?", "answer": str(counts[color])}
+
+
+def _attribute_question(rng: random.Random, scene: Scene, want: str | None) -> dict | None:
+    shapes = [s for s in _unique(scene, lambda s: s.kind) if want is None or s.color == want]
+    if not shapes:
+        return None
+    s = rng.choice(shapes)
     return {"task": "attribute", "prompt": f"What colour is the {s.kind}?", "answer": s.color}
 
 
-def _relation_question(rng: random.Random, scene: Scene) -> dict | None:
-    unique = [s for s in scene.shapes
-              if sum((t.kind, t.color) == (s.kind, s.color) for t in scene.shapes) == 1]
+def _relation_question(rng: random.Random, scene: Scene, want: str | None) -> dict | None:
+    unique = _unique(scene, lambda s: (s.kind, s.color))
     if len(unique) < 2:
         return None
     a, b = rng.sample(unique, 2)
     if abs(a.center[0] - b.center[0]) < 2:
         return None
+    if want is not None and (want == "yes") != (a.center[0] < b.center[0]):
+        a, b = b, a                                     # the same pair, asked the other way round
     answer = "yes" if a.center[0] < b.center[0] else "no"
     return {"task": "relation", "prompt": f"Is the {a.color} {a.kind} left of the {b.color} {b.kind}? Answer yes or no.",
             "answer": answer}
 
 
-def _grounding_question(rng: random.Random, scene: Scene) -> dict | None:
-    unique = [s for s in scene.shapes
-              if sum((t.kind, t.color) == (s.kind, s.color) for t in scene.shapes) == 1]
+def _grounding_question(rng: random.Random, scene: Scene, want: None) -> dict | None:
+    unique = _unique(scene, lambda s: (s.kind, s.color))
     if not unique:
         return None
     s = rng.choice(unique)
@@ -58,23 +66,53 @@ QUESTIONS = {"count": _count_question, "attribute": _attribute_question,
              "relation": _relation_question, "grounding": _grounding_question}
 
 
+def answer_space(task: str, max_objects: int) -> list[str] | None:
+    """The answers a balanced draw cycles through for `task` (None: boxes, not drawn balanced)."""
+    return {"count": [str(k) for k in range(max_objects + 1)], "attribute": list(COLORS),
+            "relation": ["yes", "no"]}.get(task)
+
+
+def _wanted(tasks: list[str], n: int, max_objects: int, rng: random.Random) -> list[str | None]:
+    """The gold answer of each of the n records: the j-th record asks tasks[j % len(tasks)], and each
+    task's answers come in shuffled blocks of its whole answer space, so every answer is equally
+    frequent (exactly so when the task's record count is a multiple of the space's size)."""
+    queues: dict[str, list] = {t: [] for t in tasks}
+    out = []
+    for j in range(n):
+        task, space = tasks[j % len(tasks)], answer_space(tasks[j % len(tasks)], max_objects)
+        if space is None:
+            out.append(None)
+            continue
+        if not queues[task]:
+            queues[task] = rng.sample(space, len(space))
+        out.append(queues[task].pop())
+    return out
+
+
 def vlm_records(n: int = 256, split: str = "train", tasks: list | None = None, size: int = 56,
-                max_objects: int = 4, seed: int = 0) -> list[dict]:
-    """`n` records `{prompt, images: [PIL], answer, task, scene_seed}` for the given tasks."""
+                max_objects: int = 4, seed: int = 0, balanced: bool = True) -> list[dict]:
+    """`n` records `{prompt, images: [PIL], answer, task, scene_seed}`, asking the tasks in turn.
+
+    balanced: each task's gold answers are equally frequent (count 0..max_objects, the four colours,
+    yes/no), so a constant answer scores at most 1/(its answer space) on a task: record j's answer is
+    fixed first and scenes (in seed order) are skipped until one has a question with that answer,
+    i.e. scenes are drawn from the scene distribution conditioned on the answer. False: the question
+    is drawn from the next scene as it comes (counts then skew to 0 and 1)."""
     tasks = list(tasks or ["count", "attribute", "relation"])
     unknown = [t for t in tasks if t not in QUESTIONS]
     if unknown:
         raise ValueError(f"unknown shapes task(s) {unknown}; valid: {', '.join(QUESTIONS)}")
-    base = (EVAL_SEED_BASE if split == "eval" else 0) + seed * 100_003
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    base = (EVAL_SEED_BASE if split == "eval" else 0) + seed * 100_003
+    wanted = _wanted(tasks, n, max_objects, random.Random(base)) if balanced else [None] * n
     out, i = [], 0
     while len(out) < n:
         scene_seed = base + i
         i += 1
         rng = random.Random(scene_seed * 7 + 1)
         scene = sample_scene(scene_seed, size, max_objects)
-        q = QUESTIONS[tasks[len(out) % len(tasks)]](rng, scene)
+        q = QUESTIONS[tasks[len(out) % len(tasks)]](rng, scene, wanted[len(out)])
         if q is not None:
             out.append({**q, "images": [render(scene)], "scene_seed": scene_seed})
     return out

@@ -98,3 +98,54 @@ def test_standin_answers_match_their_pixels():
     for r in counting(n=8, seed=1, max_count=3):
         blobs = find_blobs(_png(r["images"][0]))
         assert len(blobs) == int(r["answer"]) and {b.kind for b in blobs} == {"square"}
+
+
+def _default_data(key: str) -> dict:
+    import yaml
+
+    with open(os.path.join(REPO, "configs", "tiny", "vlm_shapes.yaml"), encoding="utf-8") as f:
+        return yaml.safe_load(f)["data"][key]
+
+
+@pytest.mark.parametrize("split", ["train_kwargs", "eval_kwargs"])
+def test_a_constant_answer_scores_at_most_a_quarter_on_each_question_kind_of_the_vlm_default(split):
+    """Every constant reply, scored by the default's own verifier, on the default's train and held-out
+    questions: at most 1/4 per kind (count 0-3 and the four colours are drawn equally often)."""
+    from rewards.sample import Sample
+    from rewards.shapes.verify import shapes_vlm
+
+    records = vlm_records(**_default_data(split))
+    assert {r["task"] for r in records} == {"count", "attribute"}
+    for task in ("count", "attribute"):
+        mine = [r for r in records if r["task"] == task]
+        golds = sorted({r["answer"] for r in mine})
+        assert golds == (["0", "1", "2", "3"] if task == "count" else sorted(palette.COLORS)), golds
+        for constant in golds + ["4", "purple"]:
+            scores = shapes_vlm([Sample(r["prompt"], f"<answer>{constant}</answer>", answer=r["answer"],
+                                        meta={"task": task}) for r in mine])
+            assert sum(scores) / len(scores) <= 0.25, (split, task, constant)
+
+
+def test_balanced_questions_are_conditioned_scenes_and_the_unbalanced_draw_is_kept():
+    """Balanced: each answer equally often, each still right for its scene; balanced=False: the scenes'
+    own answer distribution (counts skew to 0 and 1), as before balancing."""
+    from collections import Counter
+
+    records = vlm_records(96, "train", ["count", "attribute", "relation"], max_objects=3)
+    for task, space in (("count", "0123"), ("attribute", list(palette.COLORS)), ("relation", ["yes", "no"])):
+        counts = Counter(r["answer"] for r in records if r["task"] == task)
+        assert sorted(counts) == sorted(space) and len(set(counts.values())) == 1, (task, counts)
+    for r in records:
+        scene = sample_scene(r["scene_seed"], 56, 3)
+        if r["task"] == "count":
+            assert int(r["answer"]) == sum(s.color == r["prompt"].split()[2] for s in scene.shapes)
+        if r["task"] == "attribute":
+            kind = r["prompt"].split()[-1].rstrip("?")
+            assert [s.color for s in scene.shapes if s.kind == kind] == [r["answer"]]
+        if r["task"] == "relation":
+            words = r["prompt"].split()
+            a, b = (words[2], words[3]), (words[7], words[8].rstrip("?"))
+            (xa,), (xb,) = ([s.center[0] for s in scene.shapes if (s.color, s.kind) == k] for k in (a, b))
+            assert r["answer"] == ("yes" if xa < xb else "no")
+    natural = Counter(r["answer"] for r in vlm_records(400, "train", ["count"], max_objects=3, balanced=False))
+    assert natural["0"] > 2 * natural["2"] and natural["3"] < natural["2"], natural
