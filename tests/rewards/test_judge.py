@@ -1,5 +1,5 @@
-"""`judge`: a VLM asked a rubric question about each sample. The tiny shapes VLM of the CPU default judges
-counting scenes in process and behind a real OpenAI-compatible HTTP server (tests/rewards/chat_server.py),
+"""`judge`: a VLM asked a rubric question about each sample. The tiny shapes VLM of the CPU default names
+the colour in shapes scenes, in process and behind a real OpenAI-compatible HTTP server (tests/rewards/chat_server.py),
 with the same scores; parsing tables; config errors; retries, 4xx and a dead endpoint."""
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ RUBRIC = "{prompt} Reply as <answer> answer </answer>."
 SIZE = [112, 112]                       # the CPU default's image size (16 image tokens)
 
 
-def _scenes(n=6):
+COLOURS = {"red": 0.0, "green": 0.25, "blue": 0.5, "yellow": 1.0}   # a colour question's reply -> a score
+
+
+def _scenes(n=6, task="count"):
     from shapes_world.tasks import vlm_records
 
     return [Sample(prompt=r["prompt"], output="", images=r["images"], answer=r["answer"], id=f"scene {i}")
-            for i, r in enumerate(vlm_records(n=n, split="eval", tasks=["count"], size=56, max_objects=3))]
+            for i, r in enumerate(vlm_records(n=n, split="eval", tasks=[task], size=56, max_objects=3))]
 
 
 @pytest.mark.parametrize("reply,expected", [
@@ -56,7 +59,7 @@ def test_config_errors_are_found_before_anything_loads(kwargs, message):
 
 @pytest.fixture(scope="module")
 def local():
-    return resolve("judge", {"model": MODEL, "rubric": RUBRIC, "scale": [0, 3], "image_size": SIZE,
+    return resolve("judge", {"model": MODEL, "rubric": RUBRIC, "choices": COLOURS, "image_size": SIZE,
                              "max_new_tokens": 8})
 
 
@@ -70,23 +73,24 @@ def test_the_local_judge_asks_one_conversation_per_call_by_default(local):
 
 def test_local_judge_scores_what_the_model_replies(local):
     """Each score is the parse of the model's own greedy reply to the rendered question (transformers,
-    asked directly); the tiny model counts some scenes right (scores differ across scenes)."""
-    samples = _scenes()
+    asked directly); the tiny model names different colours for different scenes (scores differ; it
+    answers "2" to every count question, the biased teacher's answer the CPU default trains away)."""
+    samples = _scenes(task="attribute")
     scores = local(samples)
     backend = local.backend
     questions = [([im.resize(tuple(SIZE)) for im in s.images], RUBRIC.format(prompt=s.prompt)) for s in samples]
     replies = [backend.reply([q])[0] for q in questions]
-    assert scores == [parse_number(r, 0.0, 3.0) for r in replies]
+    assert scores == [parse_choice(r, COLOURS) for r in replies]
     assert all(s is not None for s in scores) and len(set(scores)) > 1, (replies, scores)
 
 
 def test_endpoint_judge_gives_the_local_scores_through_a_real_chat_server(local):
     """The same model behind an OpenAI-compatible /v1/chat/completions server: images as PNG data URLs,
     temperature 0, the bearer token sent; the scores equal the in-process judge's."""
-    samples = _scenes()
+    samples = _scenes(task="attribute")
     with ChatServer(local.backend, token="secret") as server:
         remote = resolve("judge", {"url": server.url, "api_model": "shapes", "api_key": "secret",
-                                   "rubric": RUBRIC, "scale": [0, 3], "image_size": SIZE, "max_new_tokens": 8})
+                                   "rubric": RUBRIC, "choices": COLOURS, "image_size": SIZE, "max_new_tokens": 8})
         assert remote(samples) == local(samples)
         assert len(server.requests) == len(samples)                          # concurrent: in any order
         for body in server.requests:
@@ -107,11 +111,11 @@ def test_a_request_slower_than_its_timeout_is_retried_then_unscorable(local):
 
 
 def test_endpoint_retries_5xx_not_4xx_and_a_dead_endpoint_names_its_url(local):
-    samples = _scenes(2)
+    samples = _scenes(2, task="attribute")
     with ChatServer(local.backend, fail_first=2) as server:                 # two 503s, then answers
-        judge = resolve("judge", {"url": server.url, "rubric": RUBRIC, "scale": [0, 3], "image_size": SIZE,
+        judge = resolve("judge", {"url": server.url, "rubric": RUBRIC, "choices": COLOURS, "image_size": SIZE,
                                   "retries": 2, "max_concurrency": 1, "max_new_tokens": 8})
-        assert judge(samples) == local(samples) and server.failed == 2
+        assert judge(samples) == local(samples) and None not in judge(samples) and server.failed == 2
     with ChatServer(local.backend, token="secret") as server:               # 401: not retried, unscorable
         judge = resolve("judge", {"url": server.url, "rubric": RUBRIC, "retries": 3})
         with pytest.raises(RuntimeError, match=f"judge endpoint {server.url}/chat/completions"):
