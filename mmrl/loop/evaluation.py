@@ -38,7 +38,7 @@ def _by_task(samples: list, total: torch.Tensor) -> dict:
     so a run shows which kind of held-out prompt improved; {} when no record names one."""
     groups: dict[str, list[float]] = {}
     for s, r in zip(samples, total.tolist()):                                  # total: [M]
-        task = s.meta.get("task")
+        task = (s.meta or {}).get("task")
         if isinstance(task, str) and not math.isnan(r):
             groups.setdefault(task, []).append(r)
     return {f"eval/task/{t}/reward/mean": sum(v) / len(v) for t, v in sorted(groups.items())}

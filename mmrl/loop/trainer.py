@@ -125,7 +125,8 @@ class Run:
             rows = read_rows(cfg.output_dir)
             plot_rewards(cfg.output_dir, rows)
             before_after(cfg.output_dir)
-            write_report(cfg.output_dir)
+            if rows:                                           # a run of 0 steps without evaluation logs nothing
+                write_report(cfg.output_dir)
             print(f"mmrl: {summary_text(rows)}", flush=True)
 
     def eval_due(self, step: int) -> bool:

@@ -58,8 +58,9 @@ def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[s
             row = {"id": s.id, "prompt": s.prompt, "output": _output_field(s.output, image_dir, i),
                    "answer": s.answer if isinstance(s.answer, (str, int, float, list, type(None))) else repr(s.answer),
                    "scores": {k: (None if math.isnan(v) else v) for k, v in zip(labels, scores[i].tolist())}}
-            if isinstance(s.meta.get("task"), str):
-                row["task"] = s.meta["task"]
+            task = (s.meta or {}).get("task")
+            if isinstance(task, str):
+                row["task"] = task
             if totals is not None:
                 row["reward"] = None if math.isnan(float(totals[i])) else float(totals[i])
             if advantages is not None:

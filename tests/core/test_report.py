@@ -109,3 +109,13 @@ def test_cli_report_writes_the_page_and_names_a_directory_that_is_not_a_run(tmp_
     done = subprocess.run([sys.executable, "-m", "mmrl", "report", str(tmp_path / "nothing")], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "nothing" in done.stderr and "metrics.jsonl" in done.stderr, done.stderr
+
+
+def test_a_run_that_logged_nothing_ends_cleanly_without_a_report(tmp_path, bandit_config):
+    from mmrl.config import load_config
+    from mmrl.loop.trainer import train
+
+    train(load_config(bandit_config, [f"output_dir={tmp_path}", "max_steps=0", "eval.every=0"]))
+    assert (tmp_path / "config.yaml").is_file() and not (tmp_path / "report.html").exists()
+    train(load_config(bandit_config, [f"output_dir={tmp_path / 'b'}", "max_steps=2"]))
+    assert (tmp_path / "b" / "report.html").is_file()
