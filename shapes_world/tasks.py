@@ -79,7 +79,8 @@ def _wanted(tasks: list[str], n: int, max_objects: int, rng: random.Random) -> l
     queues: dict[str, list] = {t: [] for t in tasks}
     out = []
     for j in range(n):
-        task, space = tasks[j % len(tasks)], answer_space(tasks[j % len(tasks)], max_objects)
+        task = tasks[j % len(tasks)]
+        space = answer_space(task, max_objects)
         if space is None:
             out.append(None)
             continue

@@ -22,30 +22,12 @@ import os
 import re
 import time
 
-from mmrl.reporting.summary import TASK_HEADER, quality_keys, summary_text, task_table
+from mmrl.reporting.summary import (TASK_HEADER, eval_files, read_jsonl, read_rows, reward_figure, series,
+                                    summary_text, task_table)
 from mmrl.state.checkpoint import write_text_atomic
 
 MIB = 2 ** 20
 MAX_ANSWER_ROWS = 24          # sample rows shown in the answers table (the full list is in before_after.md)
-
-
-def _read_jsonl(path: str) -> list[dict]:
-    """The file's rows; a line that does not parse (a running run's line being written) is skipped."""
-    if not os.path.isfile(path):
-        return []
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return [r for r in rows if isinstance(r, dict)]
-
-
-def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and "step" in r]
-    return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def _keys(rows: list[dict], pattern: str) -> list[str]:
@@ -71,23 +53,18 @@ def _line_figure(rows: list[dict], lines: list[tuple[str, str, str]], ylabel: st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    present = [(k, label, style) for k, label, style in lines if _series(rows, k)[0]]
+    present = [(k, label, style) for k, label, style in lines if series(rows, k)[0]]
     if not present:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     for key, label, style in present:
-        steps, values = _series(rows, key)
+        steps, values = series(rows, key)
         ax.plot(steps, [v / scale for v in values], style, label=label, alpha=0.85, markersize=4)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, framealpha=0.9)
     return _png(fig)
-
-
-def _reward_lines(rows: list[dict]) -> list[tuple[str, str, str]]:
-    out = [("reward/mean", "train reward/mean", "-"), ("eval/reward/mean", "eval/reward/mean", "o-")]
-    return out + [(k, k, "s--") for k in quality_keys(rows)] + [("eval/success", "eval/success", "^-")]
 
 
 def _each_reward_lines(rows: list[dict]) -> list[tuple[str, str, str]]:
@@ -140,14 +117,6 @@ def _fmt(value) -> str:
     return str(value) if isinstance(value, (str, int)) else json.dumps(value, default=repr)
 
 
-def _eval_files(run_dir: str) -> list[tuple[int, str]]:
-    folder = os.path.join(run_dir, "samples")
-    if not os.path.isdir(folder):
-        return []
-    names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"eval_step_\d+\.jsonl", n))
-    return [(int(n[len("eval_step_"):-len(".jsonl")]), os.path.join(folder, n)) for n in names]
-
-
 def _status(rows: list[dict], config: dict) -> str:
     last = max((r.get("step", 0) for r in rows), default=0)
     total = config.get("max_steps")
@@ -162,7 +131,8 @@ def _section(title: str, body: str) -> str:
 
 def _sections(run_dir: str, rows: list[dict], config: dict) -> list[str]:
     out = []
-    curves = [_figure("rewards", _line_figure(rows, _reward_lines(rows), "reward"),
+    rewards = reward_figure(rows)                          # the figure of reward_curve.png
+    curves = [_figure("rewards", None if rewards is None else _png(rewards),
                       "train reward/mean (every step) and the held-out evaluation (greedy / ODE outputs)"),
               _figure("each reward", _line_figure(rows, _each_reward_lines(rows), "reward"),
                       "each reward of the run on its own: train (solid) and held-out (dashed)"),
@@ -176,9 +146,9 @@ def _sections(run_dir: str, rows: list[dict], config: dict) -> list[str]:
     if eval_rows:
         out.append(_section("Evaluations", _table(["step"] + eval_keys, [[r["step"]] + [r.get(k) for k in eval_keys]
                                                                          for r in eval_rows])))
-    evals = _eval_files(run_dir)
+    evals = eval_files(run_dir)
     if len(evals) >= 2:
-        first, last = _read_jsonl(evals[0][1]), _read_jsonl(evals[-1][1])
+        first, last = read_jsonl(evals[0][1]), read_jsonl(evals[-1][1])
         if first and all(isinstance(r.get("output"), str) and not r["output"].endswith(".png") for r in first):
             header = [h.replace("before", f"step {evals[0][0]}").replace("after", f"step {evals[-1][0]}")
                       for h in TASK_HEADER]
@@ -199,13 +169,13 @@ def _sections(run_dir: str, rows: list[dict], config: dict) -> list[str]:
     time_keys = _keys(rows, r"time/.+_s")
     timing = _figure("step time", _line_figure(rows, [(k, k, "-") for k in time_keys], "seconds"))
     if time_keys:
-        means = [[k, sum(_series(rows, k)[1]) / len(_series(rows, k)[1]), sum(_series(rows, k)[1])] for k in time_keys]
+        means = [[k, sum(series(rows, k)[1]) / len(series(rows, k)[1]), sum(series(rows, k)[1])] for k in time_keys]
         timing += _table(["timer", "mean per step (s)", "total (s)"], means)
     out.append(_section("Timings", timing))
     mem_keys = _keys(rows, r"mem/.+_bytes")
     memory = _figure("memory", _line_figure(rows, [(k, k, "-") for k in mem_keys], "MiB", MIB))
     if mem_keys:
-        memory += _table(["memory", "peak (MiB)"], [[k, max(_series(rows, k)[1]) / MIB] for k in mem_keys])
+        memory += _table(["memory", "peak (MiB)"], [[k, max(series(rows, k)[1]) / MIB] for k in mem_keys])
     out.append(_section("Memory", memory))
     return out
 
@@ -233,7 +203,7 @@ def render_report(run_dir: str) -> str:
     """The report page of `run_dir` as HTML text."""
     import yaml
 
-    rows = _read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    rows = read_rows(run_dir)
     config_path = os.path.join(run_dir, "config.yaml")
     config_text = open(config_path, encoding="utf-8").read() if os.path.isfile(config_path) else ""
     config = yaml.safe_load(config_text) if config_text else {}

@@ -5,20 +5,33 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 
 
-def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of metric `key` over the rows that logged a number for it."""
+    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and "step" in r]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def read_rows(run_dir: str) -> list[dict]:
-    path = os.path.join(run_dir, "metrics.jsonl")
+def read_jsonl(path: str) -> list[dict]:
+    """The file's JSON objects, one per line ([] without the file); a line that does not parse (one a
+    running or killed run is writing) is skipped."""
     if not os.path.isfile(path):
         return []
+    rows = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def read_rows(run_dir: str) -> list[dict]:
+    return read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
 
 
 QUALITY = "eval/quality/"       # eval.diagnostics (mmrl/loop/evaluation.py)
@@ -28,15 +41,15 @@ def quality_keys(rows: list[dict]) -> list[str]:
     return sorted({k for r in rows for k in r if k.startswith(QUALITY)})
 
 
-def plot_rewards(run_dir: str, rows: list[dict]) -> str | None:
-    """Write `reward_curve.png`: train reward/mean and eval/reward/mean against step, and the eval
-    diagnostics (eval/quality/...) on a second axis next to them."""
+def reward_figure(rows: list[dict]):
+    """A matplotlib figure of train reward/mean and eval/reward/mean against step, and the eval
+    diagnostics (eval/quality/...) on a second axis next to them; None when neither reward was logged."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train, evals = _series(rows, "reward/mean"), _series(rows, "eval/reward/mean")
+    train, evals = series(rows, "reward/mean"), series(rows, "eval/reward/mean")
     if not train[0] and not evals[0]:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
@@ -52,13 +65,23 @@ def plot_rewards(run_dir: str, rows: list[dict]) -> str | None:
     if quality_keys(rows):
         qx = ax.twinx()
         for i, key in enumerate(quality_keys(rows)):
-            qx.plot(*_series(rows, key), "s--", color=("tab:red", "tab:purple", "tab:brown", "tab:pink")[i % 4],
+            qx.plot(*series(rows, key), "s--", color=("tab:red", "tab:purple", "tab:brown", "tab:pink")[i % 4],
                     label=key, alpha=0.8)
         qx.set_ylabel("eval quality (diagnostic)")
         more = qx.get_legend_handles_labels()
         handles, labels, top = handles + more[0], labels + more[1], qx
     top.legend(handles, labels, fontsize=8, framealpha=0.9)
     fig.tight_layout()
+    return fig
+
+
+def plot_rewards(run_dir: str, rows: list[dict]) -> str | None:
+    """Write `reward_curve.png` (`reward_figure`); None when there is nothing to plot."""
+    import matplotlib.pyplot as plt
+
+    fig = reward_figure(rows)
+    if fig is None:
+        return None
     path = os.path.join(run_dir, "reward_curve.png")
     fig.savefig(path)
     plt.close(fig)
@@ -68,31 +91,27 @@ def plot_rewards(run_dir: str, rows: list[dict]) -> str | None:
 def summary_text(rows: list[dict]) -> str:
     """`train reward 0.12 -> 0.97 over 40 steps; eval reward 0.12 (step 0) -> 1.00 (step 40)`."""
     parts = []
-    steps, train = _series(rows, "reward/mean")
+    steps, train = series(rows, "reward/mean")
     if train:
         k = max(1, min(5, len(train) // 4))
         first, last = sum(train[:k]) / k, sum(train[-k:]) / k
         parts.append(f"train reward {first:.3f} -> {last:.3f} (mean of first/last {k} steps, {len(train)} steps)")
-    esteps, evals = _series(rows, "eval/reward/mean")
+    esteps, evals = series(rows, "eval/reward/mean")
     if evals:
         parts.append(f"eval reward {evals[0]:.3f} (step {esteps[0]}) -> {evals[-1]:.3f} (step {esteps[-1]})")
     for key in quality_keys(rows):
-        qsteps, values = _series(rows, key)
+        qsteps, values = series(rows, key)
         parts.append(f"{key[len('eval/'):]} {values[0]:.3f} (step {qsteps[0]}) -> {values[-1]:.3f} (step {qsteps[-1]})")
     return "; ".join(parts) or "no rewards logged"
 
 
-def _eval_files(run_dir: str) -> list[str]:
+def eval_files(run_dir: str) -> list[tuple[int, str]]:
+    """[(step, path)] of the held-out evaluations' sample files `samples/eval_step_XXXXXX.jsonl`, by step."""
     folder = os.path.join(run_dir, "samples")
     if not os.path.isdir(folder):
         return []
-    return sorted(os.path.join(folder, n) for n in os.listdir(folder)
-                  if n.startswith("eval_step_") and n.endswith(".jsonl"))
-
-
-def _read_jsonl(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    names = sorted(n for n in os.listdir(folder) if re.fullmatch(r"eval_step_\d+\.jsonl", n))
+    return [(int(n[len("eval_step_"):-len(".jsonl")]), os.path.join(folder, n)) for n in names]
 
 
 def _cell(value) -> str:
@@ -157,7 +176,7 @@ def before_after(run_dir: str) -> str | None:
     """Compare the first and last evaluations: `before_after.png` (both image grids, one
     above the other) when outputs are images or episodes (the first held-out episode's strip),
     else `before_after.md` (the reward per task and per gold answer, then every answer)."""
-    files = _eval_files(run_dir)
+    files = [path for _, path in eval_files(run_dir)]
     if len(files) < 2:
         return None
     first, last = files[0], files[-1]
@@ -181,7 +200,7 @@ def before_after(run_dir: str) -> str | None:
         path = os.path.join(run_dir, "before_after.png")
         out.save(path)
         return path
-    rows_a, rows_b = _read_jsonl(first), _read_jsonl(last)
+    rows_a, rows_b = read_jsonl(first), read_jsonl(last)
     lines = [f"# Held-out answers: {os.path.basename(first)} vs {os.path.basename(last)}", "",
              "## Reward by task and gold answer", "",
              "| " + " | ".join(TASK_HEADER) + " |", "|---" * len(TASK_HEADER) + "|"]
