@@ -1,11 +1,21 @@
+"""Fixtures every test folder shares. A helper is a fixture here (or in its folder's conftest.py),
+never a module a test imports; functions that tests call with arguments are factory fixtures.
+
+Markers (pyproject.toml): `integration` for what starts the CLI as a subprocess, several processes,
+or trains a CPU default (left out by the inner loop, `pytest -m "not integration"`); `slow` for the
+multi-second ones among them."""
+
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
 
 import pytest
 
-from testkit import BANDIT, REPO
+from tests import BANDIT, REPO
 
 
 @pytest.fixture
@@ -16,6 +26,107 @@ def repo_root() -> str:
 @pytest.fixture
 def bandit_config() -> str:
     return BANDIT
+
+
+def _mmrl_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mmrl", *args]
+
+
+@pytest.fixture(scope="session")
+def mmrl_cmd():
+    """`mmrl_cmd("train", config, ...)`: the CLI as a subprocess command (`python -m mmrl ...` with
+    the test's interpreter)."""
+    return _mmrl_cmd
+
+
+@pytest.fixture
+def fresh_python():
+    """`fresh_python(code)`: run `code` in a new interpreter at the repo root (import-order checks);
+    fails with its stderr."""
+
+    def run(code: str) -> None:
+        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    return run
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def free_port():
+    """`free_port()`: a TCP port of 127.0.0.1 nobody listens on (a 2-process rendezvous, a server)."""
+    return _free_port
+
+
+@pytest.fixture(scope="session")
+def run_side_by_side():
+    """`run_side_by_side([(cmd, env), ...], cwd=REPO, timeout=600)`: start every command at once and wait
+    for all (a 1-process reference beside the 2-process run it is compared with: the 2 cores overlap the
+    interpreters' start-up); fails naming the first command that exited non-zero, with its stderr tail."""
+
+    def run(jobs, cwd: str = REPO, timeout: float = 600) -> None:
+        procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for cmd, env in jobs]
+        try:
+            errs = [p.communicate(timeout=timeout)[1] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        for (cmd, _), p, err in zip(jobs, procs, errs):
+            assert p.returncode == 0, f"{' '.join(map(str, cmd))} exited {p.returncode}:\n{err[-3000:]}"
+
+    return run
+
+
+def _read_metrics(run_dir) -> list[dict]:
+    with open(os.path.join(str(run_dir), "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture
+def read_metrics():
+    """`read_metrics(run_dir)`: every row of RUN_DIR/metrics.jsonl (train and eval rows)."""
+    return _read_metrics
+
+
+@pytest.fixture
+def train_rows():
+    """`train_rows(run_dir)`: the training rows of RUN_DIR/metrics.jsonl (those with a loss)."""
+    return lambda run_dir: [r for r in _read_metrics(run_dir) if "loss" in r]
+
+
+def _bandit_cfg(out_dir, *overrides: str):
+    from mmrl.config import load_config
+
+    return load_config(BANDIT, [f"output_dir={out_dir}", *overrides])
+
+
+@pytest.fixture
+def bandit_cfg():
+    """`bandit_cfg(out_dir, *overrides)`: the tiny bandit config (configs/tiny/bandit.yaml), loaded
+    and checked, writing to `out_dir`."""
+    return _bandit_cfg
+
+
+@pytest.fixture
+def run_bandit():
+    """`run_bandit(out_dir, *overrides)`: set up the tiny bandit run in process, train it to the end
+    and return the run (its policy, optimizer, EMA and accelerator stay inspectable)."""
+    from mmrl.loop.trainer import setup
+
+    def run(out_dir, *overrides: str):
+        r = setup(_bandit_cfg(out_dir, *overrides))
+        r.fit()
+        return r
+
+    return run
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from testkit import REPO
+from tests import REPO
 
 DOCS = os.path.join(REPO, "docs")
 TEST_REF = re.compile(r"(tests/[\w/]+\.py)::([\w:]+)")

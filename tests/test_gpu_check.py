@@ -8,12 +8,14 @@ import sys
 
 import pytest
 
-from testkit import REPO
+from tests import REPO
+
+GPU_CHECK = os.path.join(REPO, "benchmarks", "gpu_check.py")
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(REPO, "benchmarks", "gpu_check.py"))
+    spec = importlib.util.spec_from_file_location("gpu_check", GPU_CHECK)
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_check"] = module               # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
@@ -83,12 +85,12 @@ def test_run_specs_add_multi_gpu_fsdp_and_vllm_when_installed(gpu_check):
     assert vllm.skip is None and "policy.backend=vllm" in vllm.argv
 
 
-def test_each_config_the_check_runs_exists_and_takes_its_overrides(gpu_check):
+def test_each_config_the_check_runs_exists_and_takes_its_overrides(gpu_check, repo_root):
     from mmrl.config import load_config
 
     for spec in gpu_check.run_specs("/out", has_vllm=True):
         i = spec.argv.index("train")
-        cfg = load_config(os.path.join(REPO, spec.argv[i + 1]), spec.argv[i + 2:])
+        cfg = load_config(os.path.join(repo_root, spec.argv[i + 1]), spec.argv[i + 2:])
         assert cfg.precision == "bf16" and cfg.cpu is False and cfg.eval.every == 0
 
 

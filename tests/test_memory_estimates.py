@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
-from testkit import REPO
+from tests import REPO
+
+MEMORY_ESTIMATES = os.path.join(REPO, "benchmarks", "memory_estimates.py")
 
 
 @pytest.fixture(scope="module")
 def est():
-    spec = importlib.util.spec_from_file_location("memory_estimates",
-                                                  os.path.join(REPO, "benchmarks", "memory_estimates.py"))
+    spec = importlib.util.spec_from_file_location("memory_estimates", MEMORY_ESTIMATES)
     module = importlib.util.module_from_spec(spec)
     sys.modules["memory_estimates"] = module        # dataclasses look their module up while it executes
     spec.loader.exec_module(module)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from mmrl.cli import main
-from testkit import BANDIT, REPO
+from tests import REPO
 
 VLM = os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml")
 SD3 = os.path.join(REPO, "configs", "tiny", "sd3_tiny.yaml")
@@ -200,8 +200,8 @@ def test_non_empty_out_dir_and_ema_without_ema_are_user_errors(vlm_lora, tmp_pat
     assert not (tmp_path / "ema").exists()
 
 
-def test_bandit_policy_has_no_library_export(tmp_path, capsys):
-    run = _train(tmp_path / "run", BANDIT, "max_steps=1", "eval.every=0")
+def test_bandit_policy_has_no_library_export(tmp_path, capsys, bandit_config):
+    run = _train(tmp_path / "run", bandit_config, "max_steps=1", "eval.every=0")
     _user_error(capsys, _export(run, tmp_path / "out"), "no library export")
     assert sorted(os.listdir(tmp_path)) == ["run"]                                         # no partial folder
 

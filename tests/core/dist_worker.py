@@ -6,12 +6,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import BANDIT  # noqa: E402
+from mmrl.config import load_config
+from mmrl.distributed.dist import end_launched_process
+from mmrl.loop.trainer import setup
 
-from mmrl.config import load_config  # noqa: E402
-from mmrl.distributed.dist import end_launched_process  # noqa: E402
-from mmrl.loop.trainer import setup  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BANDIT = os.path.join(REPO, "configs", "tiny", "bandit.yaml")
 
 if __name__ == "__main__":
     out, overrides = sys.argv[1], sys.argv[2:]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import bandit_cfg, run_bandit
+from mmrl.state import checkpoint
 from mmrl.state.checkpoint import rng_state, set_rng_state
 from mmrl.state.safe_load import UnsafeCheckpoint, load_pt, read_dcp_metadata, safe_reader
 from mmrl.loop.trainer import setup
@@ -26,7 +26,7 @@ class _Payload:
         return open, (self.marker, "w")
 
 
-def _checkpoint(tmp_path) -> str:
+def _checkpoint(run_bandit, tmp_path) -> str:
     run_bandit(tmp_path, "max_steps=2", "checkpoint.every=2", "eval.every=0")
     path = os.path.join(tmp_path, "checkpoints", "step_000002")
     assert os.path.isdir(path)
@@ -34,8 +34,8 @@ def _checkpoint(tmp_path) -> str:
 
 
 @pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng.pt"])
-def test_a_crafted_pickle_in_a_checkpoint_file_is_refused_naming_it(tmp_path, name):
-    path = _checkpoint(tmp_path / "run")
+def test_a_crafted_pickle_in_a_checkpoint_file_is_refused_naming_it(tmp_path, name, run_bandit, bandit_cfg):
+    path = _checkpoint(run_bandit, tmp_path / "run")
     marker = str(tmp_path / "ran")
     torch.save({"state": _Payload(marker)}, os.path.join(path, name))
     with pytest.raises(UnsafeCheckpoint, match=rf"checkpoint file '.*{name}' is not a plain weights file"):
@@ -81,3 +81,20 @@ def test_sharded_metadata_is_read_with_only_checkpoint_classes(tmp_path):
                                                r"(builtins|io)\.open"):
         safe_reader(folder)
     assert not os.path.exists(marker)
+
+
+class _NotWeights:
+    """An arbitrary pickled object: `torch.load(weights_only=True)` must refuse to run its code."""
+
+
+def test_optimizer_and_scheduler_states_are_loaded_as_weights_only(tmp_path, save_bandit, bandit_objects):
+    """A checkpoint's optimizer.pt and scheduler.pt are read with weights_only=True: a file holding arbitrary
+    pickled objects is refused instead of executed, with an error naming the file."""
+    path = save_bandit(tmp_path, 2)
+    torch.save({"state": {}, "param_groups": [], "payload": _NotWeights()}, os.path.join(path, "optimizer.pt"))
+    with pytest.raises(UnsafeCheckpoint, match=r"optimizer\.pt' is not a plain weights file: .*_NotWeights"):
+        checkpoint.load(path, *bandit_objects(0.0))
+    path = save_bandit(tmp_path / "again", 2)
+    torch.save({"base_lrs": [0.1], "payload": _NotWeights()}, os.path.join(path, "scheduler.pt"))
+    with pytest.raises(UnsafeCheckpoint, match=r"scheduler\.pt' is not a plain weights file: .*_NotWeights"):
+        checkpoint.load(path, *bandit_objects(0.0))

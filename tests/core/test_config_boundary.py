@@ -13,9 +13,8 @@ import yaml
 from mmrl.cli import main
 from mmrl.config import MOVED, SECTIONS, ConfigError, load_config, migrate
 from mmrl.algorithms.filtering import FilterConfig
+from tests import BANDIT, REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BANDIT = os.path.join(REPO, "configs", "tiny", "bandit.yaml")
 VLM_TINY = os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml")
 SD3_TINY = os.path.join(REPO, "configs", "tiny", "sd3_tiny.yaml")
 
@@ -55,6 +54,7 @@ def test_cli_exits_2_before_building_anything(override, key, valid, tmp_path, ca
     assert not out.exists()                        # no run directory, no model, no rollout
 
 
+@pytest.mark.integration
 def test_cli_subprocess_acceptance_case(tmp_path):
     out = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "mmrl", "train", VLM_TINY, "algo.aggregation=tokenmean",
@@ -120,6 +120,7 @@ def test_a_name_given_where_a_section_now_is_names_the_section_key(key, value):
     assert f"'{key}' is a section now" in msg and f"{SECTIONS[key]}={value}" in msg
 
 
+@pytest.mark.integration
 def test_the_cli_exits_2_naming_the_new_key(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mmrl", "train", os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml"),
                         f"output_dir={tmp_path}", "algo.nft_beta=1"], capture_output=True, text=True, timeout=120)
@@ -139,6 +140,7 @@ def test_a_saved_config_of_the_flat_form_is_migrated():
     assert migrate({"seed": 1}) == {"seed": 1}
 
 
+@pytest.mark.integration
 def test_a_run_saved_with_flat_keys_resumes_and_its_config_loads_for_export(tmp_path):
     """A run written before the sections were nested and before GSPO and GRPO-Guard were losses of their own:
     its config.yaml holds the flat keys and the flags ratio_level / ratio_norm."""

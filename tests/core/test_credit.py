@@ -11,7 +11,6 @@ import torch
 from mmrl.config import ConfigError, load_config
 from mmrl.algorithms.credit import CreditConfig, discounted_returns, normalised_within, token_advantages
 from rewards.sample import Sample
-from testkit import REPO
 
 
 def episode(rewards, tokens, states=None):
@@ -75,9 +74,10 @@ def test_an_unscorable_trajectory_gets_no_turn_credit():
     assert torch.equal(out[1], torch.zeros(2))         # the unscorable one takes no part: row 1 is alone
 
 
-def test_turn_credit_needs_an_env_section():
+def test_turn_credit_needs_an_env_section(repo_root):
     with pytest.raises(ConfigError, match=r"algo\.credit.*needs an env section"):
-        load_config(f"{REPO}/configs/tiny/vlm_tiny.yaml", ["algo.credit.name=turn_index"])
+        load_config(f"{repo_root}/configs/tiny/vlm_tiny.yaml", ["algo.credit.name=turn_index"])
     with pytest.raises(ConfigError, match=r"algo\.credit\.name.*unknown credit 'turns'; valid names: state, trajectory, turn_index"):
-        load_config(f"{REPO}/configs/tiny/agent_tiny.yaml", ["algo.credit.name=turns"])
-    assert load_config(f"{REPO}/configs/tiny/agent_tiny.yaml", ["algo.credit.name=state"]).algo.credit.name == "state"
+        load_config(f"{repo_root}/configs/tiny/agent_tiny.yaml", ["algo.credit.name=turns"])
+    cfg = load_config(f"{repo_root}/configs/tiny/agent_tiny.yaml", ["algo.credit.name=state"])
+    assert cfg.algo.credit.name == "state"

@@ -10,7 +10,6 @@ import torch
 
 from mmrl.testing.bandit import BanditPolicy
 from mmrl.types import Rollout, concat, select
-from helpers import run_bandit, train_rows
 
 KEYS = ("reward/mean", "loss", "grad_norm", "clip_frac", "approx_kl", "ratio/max_abs_dev", "ratio/first_max_abs_dev")
 
@@ -20,7 +19,8 @@ KEYS = ("reward/mean", "loss", "grad_norm", "clip_frac", "approx_kl", "ratio/max
     ("train.update_epochs=2",),                                                   # off-policy second epoch
     ("train.update_epochs=1", "train.samples_per_microbatch=8", "train.grad_accum_steps=1"),  # several optimizer steps
 ], ids=["single-pass", "two-epochs", "grad-accum"])
-def test_deferred_old_log_probs_train_exactly_like_recorded_ones(tmp_path, monkeypatch, overrides):
+def test_deferred_old_log_probs_train_exactly_like_recorded_ones(tmp_path, monkeypatch, overrides, run_bandit,
+                                                                 train_rows):
     recorded = train_rows(run_bandit(tmp_path / "recorded", "max_steps=4", *overrides).cfg.output_dir)
     calls = []
     rollout = BanditPolicy.rollout

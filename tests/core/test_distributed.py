@@ -1,13 +1,10 @@
 """Two CPU processes (gloo) launched through accelerate train the bandit like one process."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
-
-from helpers import free_port, read_metrics
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
 ARGS = ["max_steps=6", "train.prompts_per_step=4", "train.update_epochs=1", "eval.every=0",
@@ -15,17 +12,14 @@ ARGS = ["max_steps=6", "train.prompts_per_step=4", "train.update_epochs=1", "eva
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_and_stay_in_sync(tmp_path):
+@pytest.mark.integration
+def test_two_processes_match_one_and_stay_in_sync(tmp_path, free_port, read_metrics, run_side_by_side):
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    two = subprocess.run(
-        [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-         WORKER, str(tmp_path / "two.pt"), f"output_dir={tmp_path / 'two'}", *ARGS],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert two.returncode == 0, two.stderr[-3000:]
-    one = subprocess.run([sys.executable, WORKER, str(tmp_path / "one.pt"), f"output_dir={tmp_path / 'one'}", *ARGS],
-                         capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
+    two = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           WORKER, str(tmp_path / "two.pt"), f"output_dir={tmp_path / 'two'}", *ARGS]
+    one = [sys.executable, WORKER, str(tmp_path / "one.pt"), f"output_dir={tmp_path / 'one'}", *ARGS]
+    run_side_by_side([(two, {**os.environ, "CUDA_VISIBLE_DEVICES": ""}), (one, None)], timeout=300)
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert (a["world"], b["world"]) == (1, 2)
     rank0, rank1 = b["thetas"]

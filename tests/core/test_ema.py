@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import mmrl.loop.update as update
-from helpers import bandit_cfg, read_metrics, run_bandit
 from mmrl.state import checkpoint
 from mmrl.testing.bandit import BanditPolicy
 from mmrl.testing.bandit import Config as BanditConfig
@@ -164,7 +163,8 @@ def _bandit_policy(run):
                                                                               "num_actions")}), "cpu")
 
 
-def test_evaluation_and_export_use_the_average_and_training_is_unchanged(tmp_path, monkeypatch):
+def test_evaluation_and_export_use_the_average_and_training_is_unchanged(tmp_path, monkeypatch, bandit_cfg,
+                                                                         read_metrics, run_bandit):
     """With train.ema_decay=0.9 every evaluation generates from the average (the last one from the final
     average, not the trained weights); the trained weights, swapped back after each evaluation, follow
     exactly the run without an EMA; the checkpoint's policy_ema.safetensors loads as the average and
@@ -191,13 +191,13 @@ def test_evaluation_and_export_use_the_average_and_training_is_unchanged(tmp_pat
     assert torch.equal(fresh.net.theta, run.params[0])
 
 
-def test_decay_zero_keeps_no_average_and_writes_no_ema_files(tmp_path):
+def test_decay_zero_keeps_no_average_and_writes_no_ema_files(tmp_path, run_bandit):
     run = run_bandit(tmp_path, *EMA_RUN[:-1])
     assert run.ema is None
     assert sorted(os.listdir(tmp_path / "checkpoints" / "step_000006")) == sorted(checkpoint.FILES)
 
 
-def test_resume_with_an_ema_continues_bit_exactly(tmp_path):
+def test_resume_with_an_ema_continues_bit_exactly(tmp_path, read_metrics, run_bandit):
     """Save at step 3, lose steps 4..6, resume: the metrics (the evaluation on the average included) and the
     step-6 files, the average's among them, are byte for byte those of the unbroken run."""
     run_bandit(tmp_path, *EMA_RUN)
@@ -215,7 +215,7 @@ def test_resume_with_an_ema_continues_bit_exactly(tmp_path):
     assert {n: (root / "step_000006" / n).read_bytes() for n in names} == unbroken
 
 
-def test_resuming_a_checkpoint_without_an_average_with_one_on_is_a_clear_error(tmp_path):
+def test_resuming_a_checkpoint_without_an_average_with_one_on_is_a_clear_error(tmp_path, bandit_cfg, run_bandit):
     """A checkpoint written without an EMA (here outside its run directory, so no config.yaml is compared)
     resumed with train.ema_decay > 0 stops at setup with a message naming the key and both ways out."""
     run_bandit(tmp_path / "plain", "max_steps=2", "eval.every=0")

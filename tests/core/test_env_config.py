@@ -8,7 +8,7 @@ import pytest
 
 from mmrl.config import ConfigError, EnvConfig, load_config, to_yaml
 from mmrl.episodes import distinct_ngrams, episode_metrics, eval_records, eval_success, train_records
-from testkit import REPO
+from tests import REPO
 
 AGENT = os.path.join(REPO, "configs", "tiny", "agent_tiny.yaml")
 CORRIDOR = os.path.join(REPO, "tests", "vlm", "agent_env.py") + ":Corridor"

@@ -8,12 +8,11 @@ import pytest
 from mmrl.config.checks import check_all
 from mmrl.config import ConfigError
 from mmrl.reporting.summary import summary_text
-from helpers import bandit_cfg, read_metrics, run_bandit
 
 DIAG = "eval.diagnostics=[{name: 'mmrl.testing.bandit:match', label: acc}]"
 
 
-def test_diagnostics_are_logged_at_every_evaluation_and_never_in_training_rows(tmp_path):
+def test_diagnostics_are_logged_at_every_evaluation_and_never_in_training_rows(tmp_path, read_metrics, run_bandit):
     run_bandit(tmp_path, "max_steps=4", "eval.every=2", DIAG)
     rows = read_metrics(tmp_path)
     evals = [r for r in rows if "eval/reward/mean" in r]
@@ -27,7 +26,7 @@ def test_diagnostics_are_logged_at_every_evaluation_and_never_in_training_rows(t
     assert (tmp_path / "reward_curve.png").is_file()
 
 
-def test_without_diagnostics_no_quality_key(tmp_path):
+def test_without_diagnostics_no_quality_key(tmp_path, read_metrics, run_bandit):
     run_bandit(tmp_path, "max_steps=2", "eval.every=2")
     assert not any(k.startswith("eval/quality/") for r in read_metrics(tmp_path) for k in r)
 
@@ -37,7 +36,7 @@ def test_without_diagnostics_no_quality_key(tmp_path):
     ("[{label: x}]", ["eval.diagnostics[0]", "name"]),
     ("[{name: shapes_stray, bogus: 1}]", ["eval.diagnostics[0].name", "bogus", "threshold"]),
 ])
-def test_a_bad_diagnostic_is_a_config_error_at_load(tmp_path, entry, words):
+def test_a_bad_diagnostic_is_a_config_error_at_load(tmp_path, entry, words, bandit_cfg):
     with pytest.raises(ConfigError) as err:
         check_all(bandit_cfg(tmp_path, f"eval.diagnostics={entry}"))
     for w in words:

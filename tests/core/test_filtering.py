@@ -9,7 +9,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import run_bandit, train_rows
 from mmrl.algorithms.filtering import FILTERS, group_spread
 
 NAN = float("nan")
@@ -113,7 +112,7 @@ def test_best_and_worst_by_hand():
         best_and_worst(r, 4)
 
 
-def test_best_worst_k_in_training_keeps_2k_per_group(tmp_path):
+def test_best_worst_k_in_training_keeps_2k_per_group(tmp_path, run_bandit, train_rows):
     run_bandit(tmp_path, "max_steps=3", "algo.best_worst_k=2", "logging.save_samples_every=1")
     rows = [json.loads(line) for line in open(tmp_path / "samples" / "step_000001.jsonl")]
     assert len(rows) == 4 * 4                        # P=4 groups x 2k=4
@@ -121,7 +120,7 @@ def test_best_worst_k_in_training_keeps_2k_per_group(tmp_path):
 
 
 
-def test_a_filter_registered_as_resampling_refills_the_step(tmp_path):
+def test_a_filter_registered_as_resampling_refills_the_step(tmp_path, run_bandit, train_rows):
     """The generator's extra rounds follow the filter's own registration, not its name: a user's filter that
     keeps half of each round's groups fills the step in two rounds; registered without resampling, in one."""
     from mmrl.algorithms.filtering import RESAMPLING, register

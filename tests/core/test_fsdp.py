@@ -14,11 +14,10 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from helpers import free_port, read_metrics
 from mmrl.distributed.determinism import isa_env, lower_isa
-from testkit import REPO, mmrl_cmd
+from tests import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
 HASH = f"{os.path.join(REPO, 'tests', 'core', 'test_rank_independence.py')}:output_hash"
 CASES = {  # config, overrides: every step has rewards that differ within groups (the hash), so gradients are not 0
@@ -32,19 +31,24 @@ CASES = {  # config, overrides: every step has rewards that differ within groups
 }
 
 
-def _launcher(processes: int) -> list[str]:
-    if processes == 1:
-        return [sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-            "--master_port", str(free_port())]
+@pytest.fixture
+def launcher(free_port):
+    """`launcher(processes)`: the command that starts `-m mmrl ...` in that many processes (torchrun for 2)."""
+    def command(processes: int) -> list[str]:
+        if processes == 1:
+            return [sys.executable]
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                "--master_port", str(free_port())]
+
+    return command
 
 
-def _train(config: str, out, processes: int, *overrides: str, fsdp: bool = True, env: dict = ENV) -> None:
-    cmd = [*_launcher(processes), "-m", "mmrl", "train", os.path.join(REPO, "configs", "tiny", config),
+def _train(launcher, config: str, out, processes: int, *overrides: str, fsdp: bool = True, env: dict = ENV):
+    """The command and environment of a 3-step run of a tiny config in `processes` processes."""
+    cmd = [*launcher(processes), "-m", "mmrl", "train", os.path.join(REPO, "configs", "tiny", config),
            f"output_dir={out}", "max_steps=3", "eval.every=0", "checkpoint.every=0", "logging.save_samples_every=1",
            "logging.progress=false", *(["distributed.strategy=fsdp"] if fsdp else []), *overrides]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    return cmd, env
 
 
 def _samples(out, step: int = 1) -> dict:
@@ -52,10 +56,7 @@ def _samples(out, step: int = 1) -> dict:
         return {r["id"]: r for r in map(json.loads, f)}
 
 
-def _export(run_dir, out) -> dict:
-    done = subprocess.run(mmrl_cmd("export", str(run_dir), str(out)), cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env=ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
+def _exported(out) -> dict:
     weights = {}
     for name in sorted(os.listdir(out)):
         if name.endswith(".safetensors"):
@@ -70,12 +71,14 @@ KERNEL_CASES = [(c, "native") for c in CASES] + [(c, "lower") for c in ("sd3_lor
 
 
 @pytest.mark.parametrize("case,kernels", KERNEL_CASES, ids=[f"{c}-{k}" for c, k in KERNEL_CASES])
-def test_two_sharded_processes_train_like_one(tmp_path, case, kernels):
+def test_two_sharded_processes_train_like_one(tmp_path, case, kernels, launcher, mmrl_cmd, read_metrics,
+                                              run_side_by_side):
     config, overrides = CASES[case]
     env = ENV if kernels == "native" else isa_env(lower_isa(), ENV)
     one, two = tmp_path / "one", tmp_path / "two"
-    _train(config, one, 1, *[o for o in overrides if not o.startswith("distributed.")], fsdp=False, env=env)
-    _train(config, two, 2, *overrides, env=env)
+    run_side_by_side([_train(launcher, config, one, 1, *[o for o in overrides if not o.startswith("distributed.")],
+                             fsdp=False, env=env),
+                      _train(launcher, config, two, 2, *overrides, env=env)])
     # step 1: rank 0 sampled its prompts (the first half) exactly as the single process did, scored the same
     for sid, row in _samples(two).items():
         ref = _samples(one)[sid]
@@ -92,7 +95,9 @@ def test_two_sharded_processes_train_like_one(tmp_path, case, kernels):
         for key in ("loss", "grad_norm"):
             assert rb[key] == pytest.approx(ra[key], abs=1e-5), (ra["step"], key)
     # the trained weights: the 2-process checkpoint loads in one process (mmrl export) and matches
-    wa, wb = _export(one, tmp_path / "export_one"), _export(two, tmp_path / "export_two")
+    run_side_by_side([(mmrl_cmd("export", str(run), str(tmp_path / f"export_{run.name}")), ENV) for run in (one, two)],
+                     timeout=300)
+    wa, wb = _exported(tmp_path / "export_one"), _exported(tmp_path / "export_two")
     assert wa.keys() == wb.keys()
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= 1e-5
     if case.endswith("full"):                                          # sharding halves what each process keeps
@@ -110,8 +115,8 @@ BANDIT = [os.path.join(REPO, "configs", "tiny", "bandit.yaml"), "max_steps=16", 
           "logging.progress=false", "distributed.strategy=fsdp"]
 
 
-def _bandit(processes: int, *args: str) -> list[str]:
-    return [*_launcher(processes), "-m", "mmrl", "train", *BANDIT, *args]
+def _bandit(launcher, processes: int, *args: str) -> list[str]:
+    return [*launcher(processes), "-m", "mmrl", "train", *BANDIT, *args]
 
 
 def _comparable(rows) -> list[dict]:
@@ -125,10 +130,12 @@ def _latest_step(run_dir) -> int:
         return 0
 
 
-def test_a_killed_sharded_run_resumes_like_an_unbroken_one_and_loads_in_one_process(tmp_path):
+def test_a_killed_sharded_run_resumes_like_an_unbroken_one_and_loads_in_one_process(tmp_path, launcher, read_metrics,
+                                                                                    run_side_by_side):
     full, broken = tmp_path / "full", tmp_path / "broken"
-    subprocess.run(_bandit(2, f"output_dir={full}"), cwd=REPO, check=True, capture_output=True, timeout=300, env=ENV)
-    proc = subprocess.Popen(_bandit(2, f"output_dir={broken}"), cwd=REPO, env=ENV, start_new_session=True,
+    subprocess.run(_bandit(launcher, 2, f"output_dir={full}"), cwd=REPO, check=True, capture_output=True, timeout=300,
+                   env=ENV)
+    proc = subprocess.Popen(_bandit(launcher, 2, f"output_dir={broken}"), cwd=REPO, env=ENV, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while _latest_step(broken) < 8 and time.time() < deadline and proc.poll() is None:
@@ -138,18 +145,17 @@ def test_a_killed_sharded_run_resumes_like_an_unbroken_one_and_loads_in_one_proc
     os.killpg(proc.pid, signal.SIGKILL)                                # the launcher and both workers
     proc.wait()
     assert 8 <= _latest_step(broken) < 16
-    subprocess.run(_bandit(2, f"output_dir={broken}", "resume=auto"), cwd=REPO, check=True, capture_output=True,
-                   timeout=300, env=ENV)
+    subprocess.run(_bandit(launcher, 2, f"output_dir={broken}", "resume=auto"), cwd=REPO, check=True,
+                   capture_output=True, timeout=300, env=ENV)
     assert _comparable(read_metrics(broken)) == _comparable(read_metrics(full))   # bit-exact on the same world size
 
     # the same 2-process checkpoint in one process (sharded over one, and unsharded): the next step agrees
     ckpt = full / "checkpoints" / "step_000016"
+    run_side_by_side([([sys.executable, "-m", "mmrl", "train", *BANDIT, f"output_dir={tmp_path / f'one_{strategy}'}",
+                        f"resume={ckpt}", "max_steps=17", f"distributed.strategy={strategy}"], ENV)
+                      for strategy in ("fsdp", "ddp")], timeout=300)
     for strategy in ("fsdp", "ddp"):
         out = tmp_path / f"one_{strategy}"
-        done = subprocess.run([sys.executable, "-m", "mmrl", "train", *BANDIT, f"output_dir={out}", f"resume={ckpt}",
-                               "max_steps=17", f"distributed.strategy={strategy}"],
-                              cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)
-        assert done.returncode == 0, done.stderr[-3000:]
         (row,) = read_metrics(out)
         assert row["step"] == 17 and 0 < row["eval/reward/mean"] <= 1
         assert row["mem/params_bytes"] == 2 * read_metrics(full)[-1]["mem/params_bytes"]   # the whole table here

@@ -17,9 +17,8 @@ from mmrl.distributed.reduce import Metric
 from mmrl.types import Scores
 from mmrl.algorithms.objectives.pg import loss_spec
 from mmrl.config.policies import needs_ratio_norm
+from tests import BANDIT, REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BANDIT = os.path.join(REPO, "configs", "tiny", "bandit.yaml")
 SD3_TINY = os.path.join(REPO, "configs", "tiny", "sd3_tiny.yaml")
 SD_TINY = os.path.join(REPO, "configs", "tiny", "sd_tiny.yaml")
 

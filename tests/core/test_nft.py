@@ -8,6 +8,7 @@ import torch
 
 from mmrl.config import ConfigError, load_config
 from mmrl.algorithms.objectives.nft import nft_loss, old_decay, optimality
+from tests import REPO
 
 
 def T(rows):
@@ -105,9 +106,6 @@ def test_old_decay_schedule_table(k, rate, cap, delay, eta):
 
 
 # ---------------------------------------------------------------- config errors at load
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def _config(name):
     return os.path.join(REPO, "configs", "tiny", name)

@@ -8,12 +8,10 @@ import subprocess
 import pytest
 import torch
 
-from helpers import read_metrics, run_bandit, train_rows
 from mmrl.config import ConfigError, load_config
 from mmrl.algorithms.losses import LossSpec, aggregate, policy_loss
 from mmrl.algorithms.policy_losses import POLICY_LOSSES, SurrogateInput, resolve, surrogate
 from mmrl.types import Scores
-from testkit import BANDIT, mmrl_cmd
 
 SPEC = LossSpec(policy_loss="cispo", clip_low=0.2, clip_high=0.28)
 
@@ -89,13 +87,13 @@ def test_gspo_dual_clip_and_grpo_guard_tables():
         surrogate("grpo_guard", SurrogateInput(logp, old, T([[1.0, 1.0]]), mask), spec)
 
 
-def test_flags_that_became_losses_name_the_loss_and_saved_configs_migrate(tmp_path):
+def test_flags_that_became_losses_name_the_loss_and_saved_configs_migrate(tmp_path, bandit_config):
     from mmrl.config import migrate
 
     for key, value, loss in (("algo.ratio_level", "sequence", "gspo"), ("algo.ratio_norm", "true", "grpo_guard"),
                              ("algo.ratio_level", "token", "gspo")):
         with pytest.raises(ConfigError, match=rf"'{key}' is gone.*algo.policy_loss={loss}"):
-            load_config(BANDIT, [f"output_dir={tmp_path}", f"{key}={value}"])
+            load_config(bandit_config, [f"output_dir={tmp_path}", f"{key}={value}"])
     saved = {"algo": {"policy_loss": "ppo_clip", "ratio_level": "sequence", "ratio_norm": False, "dual_clip": None}}
     assert migrate(saved)["algo"] == {"policy_loss": "gspo", "dual_clip": None}
     saved = {"algo": {"policy_loss": "ppo_clip", "ratio_level": "token", "ratio_norm": True}}
@@ -106,7 +104,7 @@ def test_flags_that_became_losses_name_the_loss_and_saved_configs_migrate(tmp_pa
         migrate({"algo": {"policy_loss": "cispo", "ratio_level": "sequence"}})
     # GRPO-Guard's loss needs Gaussian denoising steps: the bandit has none
     with pytest.raises(ConfigError, match=r"'algo.policy_loss' \(grpo_guard\): GRPO-Guard needs"):
-        load_config(BANDIT, [f"output_dir={tmp_path}", "algo.policy_loss=grpo_guard"])
+        load_config(bandit_config, [f"output_dir={tmp_path}", "algo.policy_loss=grpo_guard"])
 
 
 def test_policy_loss_uses_the_configured_entry():
@@ -118,24 +116,25 @@ def test_policy_loss_uses_the_configured_entry():
     assert "clip_frac" in metrics and "pg_loss" in metrics
 
 
-def test_the_registry_lists_its_entries_and_refuses_what_a_loss_cannot_honour(tmp_path):
+def test_the_registry_lists_its_entries_and_refuses_what_a_loss_cannot_honour(tmp_path, bandit_config):
     assert POLICY_LOSSES.names() == ["cispo", "dual_clip", "grpo_guard", "gspo", "ppo_clip"]
     with pytest.raises(ConfigError, match=r"algo.policy_loss.*unknown policy loss 'ppo'; valid names: cispo, "
                                           r"dual_clip, grpo_guard, gspo, ppo_clip"):
-        load_config(BANDIT, [f"output_dir={tmp_path}", "algo.policy_loss=ppo"])
+        load_config(bandit_config, [f"output_dir={tmp_path}", "algo.policy_loss=ppo"])
     for loss in ("cispo", "ppo_clip", "gspo"):
         with pytest.raises(ConfigError, match=rf"algo.dual_clip.*constant of algo.policy_loss=dual_clip; with "
                                               rf"algo.policy_loss={loss} set algo.dual_clip=null"):
-            load_config(BANDIT, [f"output_dir={tmp_path}", f"algo.policy_loss={loss}", "algo.dual_clip=3"])
+            load_config(bandit_config, [f"output_dir={tmp_path}", f"algo.policy_loss={loss}", "algo.dual_clip=3"])
     with pytest.raises(ConfigError, match=r"algo.policy_loss.*does not exist"):
-        load_config(BANDIT, [f"output_dir={tmp_path}", f"algo.policy_loss={tmp_path}/none.py:fn"])
+        load_config(bandit_config, [f"output_dir={tmp_path}", f"algo.policy_loss={tmp_path}/none.py:fn"])
     (tmp_path / "notfn.py").write_text("LOSS = 3\n")
     with pytest.raises(ValueError, match="is a int, not a function"):
         resolve(f"{tmp_path}/notfn.py:LOSS")
 
 
-def test_the_cli_names_the_registry_on_a_bad_policy_loss(tmp_path):
-    done = subprocess.run(mmrl_cmd("train", BANDIT, f"output_dir={tmp_path}", "algo.policy_loss=nope"),
+@pytest.mark.integration
+def test_the_cli_names_the_registry_on_a_bad_policy_loss(tmp_path, mmrl_cmd, bandit_config):
+    done = subprocess.run(mmrl_cmd("train", bandit_config, f"output_dir={tmp_path}", "algo.policy_loss=nope"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "unknown policy loss 'nope'; valid names: cispo, dual_clip, grpo_guard, gspo, ppo_clip" in done.stderr
@@ -157,7 +156,7 @@ def reinforce(inp, spec):
 '''
 
 
-def test_a_users_loss_from_a_file_trains_the_bandit(tmp_path):
+def test_a_users_loss_from_a_file_trains_the_bandit(tmp_path, read_metrics, run_bandit, train_rows):
     path = tmp_path / "my_loss.py"
     path.write_text(USER_LOSS)
     run_bandit(tmp_path / "run", f"algo.policy_loss={path}:reinforce", "max_steps=30", "train.update_epochs=1")
@@ -169,7 +168,7 @@ def test_a_users_loss_from_a_file_trains_the_bandit(tmp_path):
     assert evals[-1] > evals[0]
 
 
-def test_cispo_trains_the_bandit(tmp_path):
+def test_cispo_trains_the_bandit(tmp_path, run_bandit, train_rows):
     run_bandit(tmp_path, "algo.policy_loss=cispo", "algo.clip_low=0.99", "algo.clip_high=0.28")
     train = train_rows(tmp_path)
     assert sum(r["reward/mean"] for r in train[-3:]) / 3 > 0.85
@@ -177,7 +176,7 @@ def test_cispo_trains_the_bandit(tmp_path):
 
 
 @pytest.mark.parametrize("loss", ["dual_clip", "gspo"])
-def test_dual_clip_and_gspo_train_the_bandit_on_policy(tmp_path, loss):
+def test_dual_clip_and_gspo_train_the_bandit_on_policy(tmp_path, loss, run_bandit, train_rows):
     """The bandit's arms are tokens, so a sequence ratio is a mean of per-token ones: both entries learn and the
     first forward of each step sees a ratio of exactly 1."""
     run_bandit(tmp_path, f"algo.policy_loss={loss}", "max_steps=40")

@@ -9,8 +9,6 @@ from types import SimpleNamespace
 
 from omegaconf import OmegaConf
 
-from testkit import REPO
-from helpers import bandit_cfg, run_bandit
 from mmrl.reporting.console import Progress, header
 
 
@@ -63,7 +61,7 @@ def test_a_resumed_bar_starts_at_the_resumed_step():
     assert "7/10" in out.getvalue().rsplit("\r", 1)[-1]
 
 
-def test_a_run_prints_a_header_and_progress_not_the_config(tmp_path, capsys):
+def test_a_run_prints_a_header_and_progress_not_the_config(tmp_path, capsys, run_bandit):
     run_bandit(tmp_path, "max_steps=4", "eval.every=2")
     out, err = capsys.readouterr()
     assert out.startswith(f"mmrl: run {tmp_path} | policy bandit | 4 steps of 4 prompts x 8 samples | "
@@ -76,14 +74,14 @@ def test_a_run_prints_a_header_and_progress_not_the_config(tmp_path, capsys):
     assert "mmrl: step" not in capsys.readouterr().err
 
 
-def test_the_header_names_the_model_and_a_resumed_start(tmp_path):
+def test_the_header_names_the_model_and_a_resumed_start(tmp_path, bandit_cfg):
     cfg = dataclasses.replace(bandit_cfg(tmp_path, "eval.every=0"), policy=SimpleNamespace(name="vlm", model="org/m"))
     assert header(cfg, 30).splitlines()[0] == (f"mmrl: run {tmp_path} | policy vlm (model org/m) | 40 steps "
                                                "(resuming after step 30) of 4 prompts x 8 samples | no eval")
 
 
-def test_no_default_or_recipe_turns_progress_off():
-    paths = glob.glob(os.path.join(REPO, "configs", "**", "*.yaml"), recursive=True)
+def test_no_default_or_recipe_turns_progress_off(repo_root):
+    paths = glob.glob(os.path.join(repo_root, "configs", "**", "*.yaml"), recursive=True)
     assert len(paths) > 10
     off = [p for p in paths if OmegaConf.select(OmegaConf.load(p), "logging.progress", default=True) is not True]
     assert off == []

@@ -5,7 +5,6 @@ inheriting from them, the KL reference as an explicit input of `log_probs`, and 
 import pytest
 import torch
 
-from helpers import run_bandit
 from mmrl.testing.bandit import BanditPolicy
 from mmrl.data import eval_seed
 from mmrl.config import ConfigError
@@ -95,7 +94,7 @@ def test_reference_select_slices_log_probs_and_state():
     assert len(part) == 2 and len(Reference(state={"mean": torch.zeros(4, 1)})) == 4
 
 
-def test_update_hands_each_microbatch_its_slice_of_the_reference(tmp_path, monkeypatch):
+def test_update_hands_each_microbatch_its_slice_of_the_reference(tmp_path, monkeypatch, run_bandit):
     seen, scored = [], BanditPolicy.log_probs
 
     def recording(self, rollout, index, reference=None):
@@ -112,7 +111,7 @@ def test_update_hands_each_microbatch_its_slice_of_the_reference(tmp_path, monke
     assert tied.policy.ref is not None and free.policy.ref is None       # kl_beta 0: no reference kept
 
 
-def test_evaluation_seeds_come_from_eval_seed(tmp_path, monkeypatch):
+def test_evaluation_seeds_come_from_eval_seed(tmp_path, monkeypatch, run_bandit):
     seeds, evaluate = [], BanditPolicy.generate_eval
 
     def recording(self, prompts):

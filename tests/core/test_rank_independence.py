@@ -14,14 +14,13 @@ AVX2 (`ONEDNN_MAX_CPU_ISA` alone was enough to show it)."""
 import hashlib
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HASH_REWARD = f"{os.path.abspath(__file__)}:output_hash"
 
@@ -35,9 +34,8 @@ def output_hash(samples) -> list:
     return out
 
 
-def _train(config: str, out: str, processes: int, rewards: str, kernels: str) -> None:
-    from helpers import free_port  # here, not at the top: mmrl also loads this file as a reward plug-in
-
+def _command(config: str, out: str, processes: int, rewards: str, kernels: str, free_port) -> tuple[list, dict]:
+    """The command and environment of a 1-step run in `processes` processes."""
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                  str(free_port())] if processes == 2 else [sys.executable])
     cmd = [*launcher, "-m", "mmrl", "train", os.path.join(ROOT, "configs", "tiny", config), f"output_dir={out}",
@@ -46,9 +44,7 @@ def _train(config: str, out: str, processes: int, rewards: str, kernels: str) ->
     from mmrl.distributed.determinism import isa_env, lower_isa
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    env = env if kernels == "native" else isa_env(lower_isa(), env)
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    return cmd, (env if kernels == "native" else isa_env(lower_isa(), env))
 
 
 def _samples(out: str) -> dict:
@@ -76,10 +72,11 @@ def _same_output(a, b, dir_a: str, dir_b: str) -> bool:
     ("sd3_tiny.yaml", f"[{{name: jpeg_compressibility}}, {{name: '{HASH_REWARD}', label: hash}}]"),
     ("agent_tiny.yaml", f"[{{name: env_return}}, {{name: '{HASH_REWARD}', label: hash}}]"),
 ], ids=["vlm", "sd3", "agent"])
-def test_one_and_two_processes_sample_the_same_first_step(tmp_path, config, rewards, kernels):
+def test_one_and_two_processes_sample_the_same_first_step(tmp_path, config, rewards, kernels, free_port,
+                                                        run_side_by_side):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    _train(config, one, 1, rewards, kernels)
-    _train(config, two, 2, rewards, kernels)
+    run_side_by_side([_command(config, one, 1, rewards, kernels, free_port), _command(config, two, 2, rewards, kernels, free_port)],
+                     cwd=ROOT)
     all_rows, rank0 = _samples(one), _samples(two)
     assert len(rank0) * 2 == len(all_rows) > 0
     for sid, row in rank0.items():

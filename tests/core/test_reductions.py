@@ -21,7 +21,6 @@ from mmrl.loop.collect import declare_reward_metrics
 from mmrl.algorithms.losses import clipped_surrogate
 from mmrl.distributed.reduce import Accumulator, Metric, maximum, mean, minimum, summed, weighted_mean
 from mmrl.loop.update import samples_per_optimizer_step
-from helpers import free_port
 
 NAN = float("nan")
 
@@ -162,7 +161,8 @@ def _worker(out: str) -> None:
 
 
 @pytest.mark.slow
-def test_two_processes_combine_by_declared_reduction(tmp_path):
+@pytest.mark.integration
+def test_two_processes_combine_by_declared_reduction(tmp_path, free_port):
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     out = str(tmp_path / "row")
     procs = [subprocess.Popen([sys.executable, __file__, out], env={**env, "RANK": str(r)},

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from PIL import Image
 
@@ -13,8 +14,7 @@ from mmrl.reporting.report import render_report, write_report
 from mmrl.reporting.samples import write_samples
 from mmrl.reporting.summary import before_after, task_table
 from rewards.sample import Sample
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
 
 
 def _run_dir(tmp_path, images: bool = False, partial_line: bool = False):
@@ -100,13 +100,14 @@ def test_before_after_md_leads_with_the_reward_by_task_and_gold(tmp_path):
     assert text.index("Reward by task and gold answer") < text.index("Every answer")
 
 
+@pytest.mark.integration
 def test_cli_report_writes_the_page_and_names_a_directory_that_is_not_a_run(tmp_path):
     run = _run_dir(tmp_path / "run") if (tmp_path / "run").mkdir() is None else None
     out = tmp_path / "elsewhere.html"
-    done = subprocess.run([sys.executable, "-m", "mmrl", "report", str(run), "--out", str(out)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "mmrl", "report", str(run), "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and out.is_file() and "report written to" in done.stdout, done.stderr
-    done = subprocess.run([sys.executable, "-m", "mmrl", "report", str(tmp_path / "nothing")], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "mmrl", "report", str(tmp_path / "nothing")], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "nothing" in done.stderr and "metrics.jsonl" in done.stderr, done.stderr
 

@@ -7,9 +7,11 @@ import signal
 import subprocess
 import time
 
-from testkit import BANDIT, mmrl_cmd
-from helpers import read_metrics
+import pytest
 
+from tests import BANDIT
+
+pytestmark = pytest.mark.integration
 COMMON = [BANDIT, "max_steps=24", "checkpoint.every=4", "eval.every=6", "policy.sleep_s=0.05",
           "algo.kl_beta=0.05", "optim.schedule=cosine", "optim.warmup_steps=3", "train.ema_decay=0.9",
           "train.ema_every=2"]
@@ -27,10 +29,10 @@ def _latest_step(run_dir) -> int:
         return 0
 
 
-def test_resume_after_sigkill_matches_unbroken_run(tmp_path):
+def test_resume_after_sigkill_matches_unbroken_run(tmp_path, mmrl_cmd, read_metrics):
     full, broken = tmp_path / "full", tmp_path / "broken"
-    subprocess.run(mmrl_cmd("train", *COMMON, f"output_dir={full}"), check=True, capture_output=True, timeout=180)
-
+    unbroken = subprocess.Popen(mmrl_cmd("train", *COMMON, f"output_dir={full}"),   # beside the broken run: 2 cores
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     proc = subprocess.Popen(mmrl_cmd("train", *COMMON, f"output_dir={broken}"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
@@ -42,6 +44,7 @@ def test_resume_after_sigkill_matches_unbroken_run(tmp_path):
     proc.wait()
     killed_at = _latest_step(broken)
     assert 8 <= killed_at < 24
+    assert unbroken.wait(timeout=180) == 0, unbroken.stderr.read()[-3000:]
 
     subprocess.run(mmrl_cmd("train", *COMMON, f"output_dir={broken}", "resume=auto"),
                    check=True, capture_output=True, timeout=180)

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from helpers import bandit_cfg, run_bandit, train_rows
 from mmrl.testing.bandit import BanditPolicy
 from mmrl.config import ConfigError
 from mmrl.algorithms.rollout_correction import weights
@@ -71,7 +70,7 @@ def _with_engine(offset: float):
     return sampled_by_an_engine
 
 
-def test_a_step_reports_the_mismatch_and_weights_the_update(tmp_path, monkeypatch):
+def test_a_step_reports_the_mismatch_and_weights_the_update(tmp_path, monkeypatch, run_bandit, train_rows):
     monkeypatch.setattr(BanditPolicy, "rollout", _with_engine(0.1))
     steps = ["max_steps=1", "eval.every=0", "train.update_epochs=1"]
     run_bandit(tmp_path / "plain", *steps)
@@ -88,7 +87,7 @@ def test_a_step_reports_the_mismatch_and_weights_the_update(tmp_path, monkeypatc
     assert tis["ratio/first_max_abs_dev"] == 0.0                     # the on-policy ratio is untouched
 
 
-def test_the_correction_is_checked_at_load(tmp_path):
+def test_the_correction_is_checked_at_load(tmp_path, bandit_cfg):
     with pytest.raises(ConfigError, match="algo.rollout_correction.mode.*none, sequence_mask, sequence_truncate, token_mask"):
         bandit_cfg(tmp_path, "algo.rollout_correction.mode=tis")
     with pytest.raises(ConfigError, match="samples with the forward it trains"):

@@ -4,25 +4,23 @@ shared layout, the distributed config section); the multi-process runs are in te
 import pytest
 import torch
 
-from helpers import bandit_cfg
 from mmrl.state import dcp
 from mmrl.distributed import memory, sharding
 from mmrl.config import ConfigError, load_config
-from testkit import BANDIT
 
 
-def test_distributed_section_is_checked_at_load(tmp_path):
+def test_distributed_section_is_checked_at_load(tmp_path, bandit_config):
     with pytest.raises(ConfigError, match=r"distributed.strategy.*ddp, fsdp"):
-        load_config(BANDIT, [f"output_dir={tmp_path}", "distributed.strategy=zero3"])
+        load_config(bandit_config, [f"output_dir={tmp_path}", "distributed.strategy=zero3"])
     with pytest.raises(ConfigError, match=r"distributed.rollout.*gathered, sharded"):
-        load_config(BANDIT, [f"output_dir={tmp_path}", "distributed.rollout=lazy"])
-    cfg = load_config(BANDIT, [f"output_dir={tmp_path}"])
+        load_config(bandit_config, [f"output_dir={tmp_path}", "distributed.rollout=lazy"])
+    cfg = load_config(bandit_config, [f"output_dir={tmp_path}"])
     assert (cfg.distributed.strategy, cfg.distributed.rollout, cfg.distributed.reshard_after_forward) == \
         ("ddp", "gathered", True)
 
 
-def test_per_block_gathers_refuse_episodes(tmp_path):
-    agent = BANDIT.replace("bandit.yaml", "agent_tiny.yaml")
+def test_per_block_gathers_refuse_episodes(tmp_path, bandit_config):
+    agent = bandit_config.replace("bandit.yaml", "agent_tiny.yaml")
     with pytest.raises(ConfigError, match="distributed.rollout.*episodes"):
         load_config(agent, [f"output_dir={tmp_path}", "distributed.strategy=fsdp", "distributed.rollout=sharded"])
     load_config(agent, [f"output_dir={tmp_path}", "distributed.strategy=fsdp"])   # gathered: fine
@@ -101,7 +99,7 @@ def test_one_layout_per_call_only_under_sharding(monkeypatch):
     assert one_layout_if_sharded(torch.nn.Linear(1, 1), layouts) == [Layout(4, 8)] * 3   # prompt 4, completion 4
 
 
-def test_sharded_state_round_trips_in_one_process(tmp_path):
+def test_sharded_state_round_trips_in_one_process(tmp_path, bandit_cfg):
     """The DCP form of a run's state (weights, AdamW, EMA) written and read back without a process group."""
     from mmrl.loop.trainer import setup
 
@@ -140,7 +138,7 @@ def test_a_failed_sharded_write_is_a_checkpoint_error_and_leaves_nothing(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_accelerates_own_fsdp_launch_is_refused_with_the_way_to_launch(tmp_path, monkeypatch):
+def test_accelerates_own_fsdp_launch_is_refused_with_the_way_to_launch(tmp_path, monkeypatch, bandit_cfg):
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
 

@@ -80,9 +80,7 @@ def test_normalizer_sums_the_step_over_processes_and_divides_by_their_number(mon
     assert update._normalizer(mask, 8, 2) == Normalizer(4.0, 6.0, 8.0, 2)
 
 
-def _bandit_step(tmp_path, n_prompts: int, *overrides):
-    from helpers import bandit_cfg
-
+def _bandit_step(bandit_cfg, tmp_path, n_prompts: int, *overrides):
     from mmrl.loop.collect import StepBatch
     from mmrl.loop.trainer import setup
     from mmrl.types import PromptBatch, select
@@ -96,15 +94,15 @@ def _bandit_step(tmp_path, n_prompts: int, *overrides):
     return run, StepBatch(ro, torch.zeros(n, 1), torch.zeros(n), torch.linspace(-1, 1, n), {})
 
 
-def test_update_skips_an_empty_batch_and_trains_a_batch_of_one_group(tmp_path):
+def test_update_skips_an_empty_batch_and_trains_a_batch_of_one_group(tmp_path, bandit_cfg):
     """An empty step batch (every group filtered out) reports update/skipped_empty = 1 and changes nothing;
     a batch of a single group trains (loss and grad_norm reported)."""
-    run, empty = _bandit_step(tmp_path / "a", 0)
+    run, empty = _bandit_step(bandit_cfg, tmp_path / "a", 0)
     before = [p.detach().clone() for p in run.params]
     metrics = run.learner.update(empty, 1)
     assert list(metrics) == ["update/skipped_empty"] and metrics["update/skipped_empty"].value == 1
     assert all(torch.equal(a, b) for a, b in zip(before, run.params, strict=True))
-    run, one = _bandit_step(tmp_path / "b", 1)
+    run, one = _bandit_step(bandit_cfg, tmp_path / "b", 1)
     metrics = run.learner.update(one, 1)
     assert "update/skipped_empty" not in metrics and metrics["grad_norm"].value > 0
     assert metrics["optim/lr"].value == pytest.approx(run.scheduler.get_last_lr()[0])
@@ -118,12 +116,12 @@ def test_samples_per_optimizer_step():
     assert (per_opt(1, 1, 8), per_opt(2, 3, 8), per_opt(4, 0, 8)) == (1, 6, 8)
 
 
-def test_update_shuffles_microbatches_with_its_own_seeded_generator(tmp_path):
+def test_update_shuffles_microbatches_with_its_own_seeded_generator(tmp_path, bandit_cfg):
     """The microbatch order comes from a generator seeded by (seed, step), not from the global RNG: the same
     step trains bit for bit the same whatever the global RNG state is."""
     results = []
     for draw in (0, 5):
-        run, batch = _bandit_step(tmp_path / f"r{draw}", 4, "train.samples_per_microbatch=2",
+        run, batch = _bandit_step(bandit_cfg, tmp_path / f"r{draw}", 4, "train.samples_per_microbatch=2",
                                   "train.grad_accum_steps=1", "train.update_epochs=2")
         torch.manual_seed(draw)
         run.learner.update(batch, 3)

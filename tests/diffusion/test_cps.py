@@ -20,7 +20,6 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from diffusion.sde import flow_sde_step, gaussian_kl
-from diffusion_helpers import tiny_config
 from mmrl.config import ConfigError, load_config
 
 SHAPE = (2, 3, 4, 4)  # [B, C, H, W]
@@ -269,7 +268,7 @@ def test_exact_kl_with_the_reference_step():
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_config_accepts_cps_and_checks_its_noise_level():
+def test_config_accepts_cps_and_checks_its_noise_level(tiny_config):
     cfg = load_config(tiny_config("sd3"), ["policy.sde_schedule=cps", "policy.noise_level=0.8"])
     assert cfg.policy.sde_schedule == "cps" and cfg.policy.noise_level == 0.8
     assert load_config(tiny_config("sd3"), ["policy.sde_schedule=cps", "policy.noise_level=1.0"])
@@ -280,7 +279,7 @@ def test_config_accepts_cps_and_checks_its_noise_level():
     assert load_config(tiny_config("sd3"), ["policy.noise_level=1.5"]).policy.noise_level == 1.5
 
 
-def test_cli_rejects_a_cps_noise_level_above_one(tmp_path, capsys):
+def test_cli_rejects_a_cps_noise_level_above_one(tmp_path, capsys, tiny_config):
     from mmrl.cli import main
 
     out = tmp_path / "run"
@@ -295,7 +294,7 @@ def test_cli_rejects_a_cps_noise_level_above_one(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_tiny_sd3_trains_with_cps(tmp_path):
+def test_tiny_sd3_trains_with_cps(tmp_path, tiny_config):
     """Two steps of configs/tiny/sd3_tiny.yaml with policy.sde_schedule=cps (a = 0.8, exact KL): the first
     inner ratio is exactly 1, the loss, KL and grad norm are finite, and the LoRA weights move."""
     from safetensors.torch import load_file
@@ -317,12 +316,10 @@ def test_tiny_sd3_trains_with_cps(tmp_path):
     assert any(not torch.equal(w1[k], w2[k]) for k in w1)
 
 
-def test_policy_rollout_with_cps_rescores_exactly():
+def test_policy_rollout_with_cps_rescores_exactly(build_tiny, perturb_lora, prompts):
     """The tiny SD3 policy with cps and every step trained (a perturbed LoRA): the re-scored log-probs equal
     the rollout's bit for bit, and the last step (to sigma 0) is a point mass with log-prob 0."""
-    from diffusion_helpers import build, perturb_lora, prompts
-
-    policy = build("sd3", "sde_schedule=cps", "noise_level=0.8", "timesteps.select=all")
+    policy = build_tiny("sd3", "sde_schedule=cps", "noise_level=0.8", "timesteps.select=all")
     perturb_lora(policy)
     ro = policy.rollout(prompts(["a red circle"]), group_size=2)
     assert torch.equal(ro.log_probs[:, -1], torch.zeros(2)) and bool((ro.log_probs[:, :-1] != 0).all())

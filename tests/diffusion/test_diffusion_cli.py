@@ -9,20 +9,23 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from testkit import mmrl_cmd
-from diffusion_helpers import tiny_config, two_process_command
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 CONTRACT = ["step", "reward/mean", "reward/jpeg_compressibility/mean", "loss", "grad_norm", "clip_frac", "time/step_s"]
 PREFIX = {"sd3": "transformer.", "sd": "unet.", "flux": "transformer."}
 KL = {"sd3": True, "sd": True, "flux": False}  # kl_beta > 0 in sd3_tiny.yaml and sd_tiny.yaml
 
 
-def train(kind, out_dir, *overrides):
-    cmd = mmrl_cmd("train", tiny_config(kind), f"output_dir={out_dir}", *overrides)
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+@pytest.fixture(scope="module")
+def train(mmrl_cmd, tiny_config):
+    """`train(kind, out_dir, *overrides)`: `mmrl train` of the tiny config of `kind` as a subprocess."""
+
+    def train(kind, out_dir, *overrides):
+        cmd = mmrl_cmd("train", tiny_config(kind), f"output_dir={out_dir}", *overrides)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
+    return train
 
 
 def rows(out_dir):
@@ -35,7 +38,7 @@ def weights(out_dir, step):
 
 
 @pytest.fixture(scope="module", params=["sd3", "sd", "flux"])
-def run(request, tmp_path_factory):
+def run(request, tmp_path_factory, train):
     """Two steps with a checkpoint after each, then a resume to step 3."""
     kind, out = request.param, tmp_path_factory.mktemp(f"{request.param}_run")
     train(kind, out, "max_steps=2", "checkpoint.every=1", "eval.every=2")
@@ -90,7 +93,7 @@ def test_resume_continues_from_the_checkpoint(run):
 
 
 @pytest.mark.parametrize("run", ["sd3"], indirect=True)
-def test_resumed_step_equals_an_uninterrupted_run(run, tmp_path):
+def test_resumed_step_equals_an_uninterrupted_run(run, tmp_path, tiny_config):
     """Step 3 after a resume is the step 3 of a straight 3-step run (weights, sampler, RNG restored)."""
     kind, out, _, _, _ = run
     from mmrl.config import load_config
@@ -106,7 +109,7 @@ def test_resumed_step_equals_an_uninterrupted_run(run, tmp_path):
 
 
 @pytest.mark.parametrize("run", ["sd3"], indirect=True)
-def test_two_processes_train_like_one(run, tmp_path):
+def test_two_processes_train_like_one(run, tmp_path, tiny_config, two_process_command):
     """accelerate launch with 2 CPU processes (gloo, DDP; several denoiser forwards per backward)."""
     _, out, first, (_, w2), _ = run
     cmd = two_process_command(tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2", "eval.every=2",

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion_helpers import build, prompts
 from mmrl.types import select
 
 TEXTS = ["a red circle", "a blue square", "a green triangle"]
@@ -17,8 +16,8 @@ def _pixels(samples) -> list:
 
 @pytest.mark.parametrize("kind,overrides", [("sd3", ("timesteps.select=fraction",)),
                                             ("sd", ("shared_noise=true", "forward_batch=3"))])
-def test_a_prompt_samples_the_same_alone_or_beside_others(kind, overrides):
-    policy = build(kind, *overrides)
+def test_a_prompt_samples_the_same_alone_or_beside_others(kind, overrides, build_tiny, prompts):
+    policy = build_tiny(kind, *overrides)
     many = policy.rollout(prompts(TEXTS, seeds=[7, 8, 9], step=2), group_size=2)
     alone = policy.rollout(prompts(TEXTS[1:2], seeds=[8], step=2), group_size=2)
     mine = select(many, torch.tensor([2, 3]))
@@ -29,8 +28,8 @@ def test_a_prompt_samples_the_same_alone_or_beside_others(kind, overrides):
     assert not np.array_equal(_pixels(many.samples)[0], _pixels(many.samples)[2])
 
 
-def test_evaluation_images_depend_on_the_prompt_seed_only():
-    policy = build("sd3")
+def test_evaluation_images_depend_on_the_prompt_seed_only(build_tiny, prompts):
+    policy = build_tiny("sd3")
     many = policy.generate_eval(prompts(TEXTS, seeds=[3, 4, 5], step=-1))
     alone = policy.generate_eval(prompts(TEXTS[2:], seeds=[5], step=-1))
     assert np.array_equal(_pixels(many)[2], _pixels(alone)[0])
@@ -39,6 +38,6 @@ def test_evaluation_images_depend_on_the_prompt_seed_only():
 
 
 @pytest.mark.parametrize("kl_beta,built", [(0.0, False), (0.1, True)])
-def test_full_finetuning_copies_a_reference_only_for_a_kl(kl_beta, built):
-    policy = build("sd3", "lora.rank=0", "reference=true", kl_beta=kl_beta)
+def test_full_finetuning_copies_a_reference_only_for_a_kl(kl_beta, built, build_tiny):
+    policy = build_tiny("sd3", "lora.rank=0", "reference=true", kl_beta=kl_beta)
     assert (policy.reference_model is not None) == built

@@ -10,29 +10,17 @@ import subprocess
 import pytest
 import torch
 
-from diffusion_helpers import perturb_lora, policy_config, prompts, tiny_config
 from diffusion.sampler import rescore, transitions
 from mmrl.config import ConfigError
-from mmrl.config.policies import BuildContext
-from testkit import mmrl_cmd
 
 TEXTS = ["a red circle", "a blue square"]
 
 
-def build(kind, *overrides, ratio_norm=False, step_reweight=False):
-    from diffusion.policy import build as build_policy
-
-    torch.manual_seed(0)
-    ctx = BuildContext(device=torch.device("cpu"), seed=0, output_dir="/tmp/unused", precision="fp32",
-                       ratio_norm=ratio_norm, step_reweight=step_reweight)
-    return build_policy(policy_config(kind, *overrides), ctx)
-
-
 @pytest.fixture(scope="module")
-def rolled():
+def rolled(build_tiny, prompts):
     """SD3 with per-sample step plans (DanceGRPO's random fraction), built for RatioNorm; 2 prompts x 2."""
-    policy = build("sd3", "timesteps.select=fraction", "timesteps.fraction=0.5", "forward_batch=4",
-                   ratio_norm=True, step_reweight=True)
+    policy = build_tiny("sd3", "timesteps.select=fraction", "timesteps.fraction=0.5", "forward_batch=4",
+                        ratio_norm=True, step_reweight=True)
     return policy, policy.rollout(prompts(TEXTS), group_size=2)
 
 
@@ -61,7 +49,7 @@ def test_on_policy_drift_is_zero_and_std_weight_follow_the_schedule(rolled):
             assert float(scores.step_weight[i, j]) == pytest.approx(1 / dt, rel=1e-5)
 
 
-def test_off_policy_drift_and_the_ratio_norm_identity(rolled):
+def test_off_policy_drift_and_the_ratio_norm_identity(rolled, perturb_lora):
     """After a weight change, b = mean_d (mu_theta - mu_old)^2 / (2 s^2), and s (log r + b) equals
     mean_d(eps (mu_theta - mu_old)) with eps = (x' - mu_old) / s, the rollout's own noise."""
     policy, ro = rolled
@@ -86,24 +74,25 @@ def test_off_policy_drift_and_the_ratio_norm_identity(rolled):
     torch.testing.assert_close(s.flatten() * (log_r + drift), expected, rtol=0, atol=5e-7)
 
 
-def test_without_ratio_norm_nothing_extra_is_stored():
-    policy = build("sd3", "forward_batch=4")
+def test_without_ratio_norm_nothing_extra_is_stored(build_tiny, prompts):
+    policy = build_tiny("sd3", "forward_batch=4")
     ro = policy.rollout(prompts(TEXTS[:1]), group_size=2)
     assert "old_mean" not in ro.state
     assert policy.log_probs(ro, torch.arange(2)).mean_drift is None
 
 
-def test_ddim_has_no_step_weight_and_refuses_step_reweight():
-    policy = build("sd", "forward_batch=4", ratio_norm=True)
+def test_ddim_has_no_step_weight_and_refuses_step_reweight(build_tiny, prompts):
+    policy = build_tiny("sd", "forward_batch=4", ratio_norm=True)
     ro = policy.rollout(prompts(TEXTS[:1]), group_size=2)
     scores = policy.log_probs(ro, torch.arange(2))
     assert scores.step_weight is None and scores.mean_drift is not None
     with pytest.raises(ConfigError, match="algo.step_reweight.*DDIM"):
-        build("sd", "forward_batch=4", step_reweight=True)
+        build_tiny("sd", "forward_batch=4", step_reweight=True)
 
 
 @pytest.mark.slow
-def test_cli_run_with_both_options(tmp_path):
+@pytest.mark.integration
+def test_cli_run_with_both_options(tmp_path, mmrl_cmd, tiny_config):
     """Two steps of the SD3 smoke config with RatioNorm and the 1/dt reweighting, two update epochs (so the
     second epoch is off-policy and the drift is non-zero): finite loss, on-policy ratio exactly 1."""
     cmd = mmrl_cmd("train", tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2", "eval.every=0",

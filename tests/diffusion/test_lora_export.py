@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from diffusion import tiny
-from diffusion_helpers import build, perturb_lora
 
 PIPELINES = {"sd3": "StableDiffusion3Pipeline", "sd": "StableDiffusionPipeline", "flux": "FluxPipeline"}
 
@@ -28,8 +27,8 @@ def _fresh_pipeline(kind):
 
 
 @pytest.mark.parametrize("kind", sorted(PIPELINES))
-def test_load_lora_weights_round_trip(kind, tmp_path):
-    policy = build(kind)
+def test_load_lora_weights_round_trip(kind, tmp_path, build_tiny, perturb_lora):
+    policy = build_tiny(kind)
     perturb_lora(policy)
     trained = _output(policy, policy.denoiser)
     policy.save(str(tmp_path / "policy.safetensors"))           # the checkpoint file itself
@@ -45,42 +44,42 @@ def test_load_lora_weights_round_trip(kind, tmp_path):
         torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)  # rank and alpha respected
 
 
-def test_lora_checkpoint_resumes_into_a_fresh_policy(tmp_path):
-    policy = build("sd3")
+def test_lora_checkpoint_resumes_into_a_fresh_policy(tmp_path, build_tiny, perturb_lora):
+    policy = build_tiny("sd3")
     perturb_lora(policy)
     policy.save(str(tmp_path / "policy.safetensors"))
-    fresh = build("sd3", seed=5)
+    fresh = build_tiny("sd3", seed=5)
     fresh.load(str(tmp_path / "policy.safetensors"))
     assert torch.equal(_output(fresh, fresh.denoiser), _output(policy, policy.denoiser))
 
 
-def test_full_finetune_checkpoint_round_trip(tmp_path):
-    policy = build("sd3", "lora.rank=0")
+def test_full_finetune_checkpoint_round_trip(tmp_path, build_tiny):
+    policy = build_tiny("sd3", "lora.rank=0")
     with torch.no_grad():
         for p in policy.trainable_parameters():
             p.add_(0.01)
     policy.save(str(tmp_path / "policy.safetensors"))
-    fresh = build("sd3", "lora.rank=0", kl_beta=0.1)                 # a KL: the frozen reference copy is kept
+    fresh = build_tiny("sd3", "lora.rank=0", kl_beta=0.1)            # a KL: the frozen reference copy is kept
     fresh.load(str(tmp_path / "policy.safetensors"))
     assert torch.equal(_output(fresh, fresh.denoiser), _output(policy, policy.denoiser))
     assert not torch.equal(_output(fresh, fresh.reference_model), _output(fresh, fresh.denoiser))
 
 
-def test_wrong_adapter_shape_is_a_clear_error(tmp_path):
-    policy = build("sd3")
+def test_wrong_adapter_shape_is_a_clear_error(tmp_path, build_tiny):
+    policy = build_tiny("sd3")
     policy.save(str(tmp_path / "policy.safetensors"))
-    other = build("sd3", "lora.rank=2")
+    other = build_tiny("sd3", "lora.rank=2")
     with pytest.raises(Exception, match="size mismatch|does not match"):
         other.load(str(tmp_path / "policy.safetensors"))
 
 
-def test_a_checkpoints_policy_ema_file_loads_in_diffusers_as_the_average(tmp_path):
+def test_a_checkpoints_policy_ema_file_loads_in_diffusers_as_the_average(tmp_path, build_tiny, perturb_lora):
     """With an EMA (train.ema_decay) a checkpoint also holds policy_ema.safetensors: the averaged LoRA in the
     same diffusers format, so `load_lora_weights` gives the averaged model, not the trained one."""
     from mmrl.state import checkpoint
     from mmrl.loop.ema import EMA
 
-    policy = build("sd3")
+    policy = build_tiny("sd3")
     params = policy.trainable_parameters()
     ema = EMA(params, 0.5, warmup=False)
     perturb_lora(policy)

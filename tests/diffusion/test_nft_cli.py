@@ -10,21 +10,24 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffusion_helpers import tiny_config, two_process_command
-from testkit import mmrl_cmd
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 NFT = ["algo.objective=nft", "algo.nft.timesteps=2", "algo.nft.old_decay_rate=0.25", "checkpoint.every=1",
        "eval.every=2"]                                     # decay 0.25 per step: old and theta differ visibly
 KEYS = ["reward/mean", "loss", "grad_norm", "nft/loss_pos", "nft/loss_neg", "nft/old_deviate", "nft/r_mean",
         "nft/old_decay", "kl"]                             # kl: sd3_tiny.yaml has kl_beta 0.04 (LoRA off = reference)
 
 
-def train(out_dir, *overrides):
-    cmd = mmrl_cmd("train", tiny_config("sd3"), f"output_dir={out_dir}", *NFT, *overrides)
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+@pytest.fixture(scope="module")
+def train(mmrl_cmd, tiny_config):
+    """`train(out_dir, *overrides)`: `mmrl train` of the tiny SD3 config with NFT as a subprocess."""
+
+    def train(out_dir, *overrides):
+        cmd = mmrl_cmd("train", tiny_config("sd3"), f"output_dir={out_dir}", *NFT, *overrides)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
+    return train
 
 
 def rows(out_dir):
@@ -37,7 +40,7 @@ def checkpoint(out_dir, step, name):
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
+def resumed(tmp_path_factory, train):
     """Two steps with a checkpoint after each, then a resume to step 3."""
     out = tmp_path_factory.mktemp("nft_run")
     train(out, "max_steps=2")
@@ -66,7 +69,7 @@ def test_each_checkpoint_holds_the_old_policy(resumed):
     assert any(not torch.equal(old[k], lora[k]) for k in old)  # decay 0.5: old lags theta
 
 
-def test_resumed_step_is_bit_exact_with_an_uninterrupted_run(resumed, tmp_path):
+def test_resumed_step_is_bit_exact_with_an_uninterrupted_run(resumed, tmp_path, train):
     out, _, result = resumed
     assert "resumed from" in result.stderr and "at step 2" in result.stderr
     train(tmp_path, "max_steps=3")
@@ -78,7 +81,7 @@ def test_resumed_step_is_bit_exact_with_an_uninterrupted_run(resumed, tmp_path):
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
 
 
-def test_two_processes_train_like_one(resumed, tmp_path):
+def test_two_processes_train_like_one(resumed, tmp_path, tiny_config, two_process_command):
     """accelerate launch with 2 CPU processes (gloo, DDP): same steps, same weights and old weights, up to
     the rounding of a different split (the old forwards swap weights in place under the DDP wrapper)."""
     out, first, _ = resumed

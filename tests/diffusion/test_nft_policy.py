@@ -6,21 +6,17 @@ import pytest
 import torch
 
 from diffusion import nft
-from diffusion_helpers import perturb_lora, policy_config, prompts, tiny_config
 from mmrl.config import ConfigError, load_config
 from mmrl.algorithms.objectives.nft import NFTSpec
-from mmrl.config.policies import BuildContext
 
 TEXTS = ["a red circle", "a blue square"]
 
 
-def build(*overrides, kl_beta=0.0):
-    from diffusion.policy import build as build_policy
-
-    torch.manual_seed(0)
-    ctx = BuildContext(device=torch.device("cpu"), seed=0, output_dir="/tmp/unused", precision="fp32", kl_beta=kl_beta,
-                       objective="nft")
-    return build_policy(policy_config("sd3", "forward_batch=4", *overrides), ctx)
+@pytest.fixture(scope="module")
+def build(build_tiny):
+    """`build(*overrides, kl_beta=0.0)`: the tiny SD3 (forward_batch=4) built for DiffusionNFT."""
+    return lambda *overrides, kl_beta=0.0: build_tiny("sd3", "forward_batch=4", *overrides, kl_beta=kl_beta,
+                                                      objective="nft")
 
 
 def loss_of(policy, ro, idx, r, **spec):
@@ -70,7 +66,7 @@ def test_only_trainable_parameters_are_copied():
 
 
 @pytest.fixture(scope="module")
-def rolled():
+def rolled(build, prompts):
     policy = build()
     return policy, policy.rollout(prompts(TEXTS), group_size=2)
 
@@ -84,7 +80,7 @@ def test_rollout_keeps_clean_latents_and_seeds_only(rolled):
     assert len(set(ro.state["seed"].tolist())) == 4
 
 
-def test_the_old_policy_samples_the_rollouts():
+def test_the_old_policy_samples_the_rollouts(build, perturb_lora, prompts):
     policy = build("noise_level=0.0")                                # the ODE sampler: no SDE noise at all
     first = policy.rollout(prompts(TEXTS), 2).state["x0"]
     perturb_lora(policy)                                             # train theta; old stays at the start
@@ -104,7 +100,7 @@ def test_loss_is_seeded_per_sample_and_independent_of_the_microbatch(rolled):
     assert not torch.equal(other_epoch, all4)                        # another epoch draws other t and noise
 
 
-def test_at_the_start_of_a_step_r_one_half_gives_no_gradient():
+def test_at_the_start_of_a_step_r_one_half_gives_no_gradient(build, perturb_lora, prompts):
     # old == theta: d loss / d v_theta = (2r - 1) x the flow-matching gradient (tests/core/test_nft.py)
     policy = build()
     perturb_lora(policy)                                             # B != 0, so the LoRA gets gradients
@@ -120,7 +116,7 @@ def test_at_the_start_of_a_step_r_one_half_gives_no_gradient():
     assert max(float(g.abs().max()) for g in grads[1]) > 1e-4
 
 
-def test_the_loss_is_cfg_free(rolled):
+def test_the_loss_is_cfg_free(rolled, build):
     policy, ro = rolled
     with torch.no_grad():
         with_cfg = loss_of(policy, ro, [0, 1], [0.8, 0.2]).loss      # sd3_tiny.yaml: guidance_scale 4.5
@@ -131,7 +127,7 @@ def test_the_loss_is_cfg_free(rolled):
         torch.testing.assert_close(loss_of(unguided, ro, [0, 1], [0.8, 0.2]).loss, with_cfg, rtol=0, atol=0)
 
 
-def test_kl_to_the_reference_is_zero_at_the_start_and_grows_with_training():
+def test_kl_to_the_reference_is_zero_at_the_start_and_grows_with_training(build, perturb_lora, prompts):
     policy = build(kl_beta=0.01)
     ro = policy.rollout(prompts(TEXTS[:1]), 2)
     assert loss_of(policy, ro, [0, 1], [0.5, 0.5]).kl is None        # not asked for
@@ -141,7 +137,7 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_grows_with_training():
     assert float(loss_of(policy, ro, [0, 1], [0.5, 0.5], kl=True).kl.detach().min()) > 0
 
 
-def test_old_weights_are_saved_next_to_the_policy_and_loaded_back(tmp_path):
+def test_old_weights_are_saved_next_to_the_policy_and_loaded_back(tmp_path, build, perturb_lora):
     policy = build()
     perturb_lora(policy)
     policy.update_old(0.5)
@@ -166,17 +162,17 @@ def _error(config, *overrides):
     return str(e.value)
 
 
-def test_a_ddim_family_is_a_config_error_naming_the_objective():
+def test_a_ddim_family_is_a_config_error_naming_the_objective(tiny_config):
     msg = _error(tiny_config("sd"), "algo.objective=nft", "algo.kl_beta=0")
     assert "algo.objective" in msg and "DDIM" in msg and "flow-matching" in msg
 
 
-def test_more_flow_times_than_rollout_steps_is_a_config_error():
+def test_more_flow_times_than_rollout_steps_is_a_config_error(tiny_config):
     msg = _error(tiny_config("sd3"), "algo.objective=nft", "algo.nft.timesteps=5")
     assert "algo.nft.timesteps" in msg and "rollout_steps=4" in msg
 
 
-def test_the_tiny_configs_load_with_nft():
+def test_the_tiny_configs_load_with_nft(tiny_config):
     cfg = load_config(tiny_config("sd3"), ["algo.objective=nft", "algo.nft.timesteps=4"])
     assert cfg.algo.objective == "nft"
     assert load_config(tiny_config("flux"), ["algo.objective=nft"]).algo.objective == "nft"

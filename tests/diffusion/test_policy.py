@@ -6,17 +6,17 @@ import pytest
 import torch
 from PIL import Image
 
-from diffusion_helpers import FAMILIES, build, perturb_lora, prompts
 from diffusion.families.common import predict
 from mmrl.types import select
 
+FAMILIES = ["sd3", "sd", "sd_v", "flux"]
 TEXTS = ["a red circle", "a blue square"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def rolled(request):
+def rolled(request, build_tiny, perturb_lora, prompts):
     """A perturbed-LoRA policy of each family and one rollout of 2 prompts x 3 samples."""
-    policy = build(request.param, "timesteps.select=all", "forward_batch=4")
+    policy = build_tiny(request.param, "timesteps.select=all", "forward_batch=4")
     perturb_lora(policy)
     return policy, policy.rollout(prompts(TEXTS), group_size=3)
 
@@ -41,10 +41,10 @@ def test_on_policy_ratio_is_exactly_one(rolled):
 
 @pytest.mark.parametrize("plan", [["timesteps.select=fraction", "timesteps.fraction=0.5"],
                                   ["timesteps.select=window", "timesteps.window_size=2", "timesteps.window_stride=0"]])
-def test_on_policy_ratio_is_exactly_one_when_samples_train_some_steps(plan):
+def test_on_policy_ratio_is_exactly_one_when_samples_train_some_steps(plan, build_tiny, perturb_lora, prompts):
     """Per-sample random subsets (each sample's own trained steps) and an SDE window followed by ODE steps:
     the rollout scores its trained transitions after the loop, re-scoring reproduces them bit for bit."""
-    policy = build("sd3", *plan, "forward_batch=4")
+    policy = build_tiny("sd3", *plan, "forward_batch=4")
     perturb_lora(policy)
     ro = policy.rollout(prompts(TEXTS), group_size=3)
     assert ro.log_probs.shape[1] == 2 and bool((ro.mask == 1).all()) and bool((ro.log_probs != 0).all())
@@ -83,17 +83,17 @@ def test_exact_kl_to_reference(rolled):
     assert torch.equal(alone.kl, scores.kl[:1])                              # per sample, batch-independent
 
 
-def test_kl_is_zero_at_the_lora_start():
-    policy = build("sd3")
+def test_kl_is_zero_at_the_lora_start(build_tiny, prompts):
+    policy = build_tiny("sd3")
     ro = policy.rollout(prompts(TEXTS[:1]), group_size=2)
     ref = policy.reference_log_probs(ro, torch.arange(2))
     assert torch.equal(policy.log_probs(ro, torch.arange(2), ref).kl, torch.zeros(2, 3))
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
-def test_state_keeps_only_needed_latents(kind):
+def test_state_keeps_only_needed_latents(kind, build_tiny, prompts):
     """A window of 2 of 6 steps stores 3 latents per sample, not S + 1 = 7."""
-    policy = build(kind, "rollout_steps=6", "timesteps.select=window", "timesteps.window_size=2")
+    policy = build_tiny(kind, "rollout_steps=6", "timesteps.select=window", "timesteps.window_size=2")
     ro = policy.rollout(prompts(TEXTS[:1], step=3), group_size=2)
     lat = ro.state["latents"]                                               # [N, U, ...]
     assert lat.shape[1] == 3
@@ -105,19 +105,19 @@ def test_state_keeps_only_needed_latents(kind):
     assert torch.equal(ro.state["after"][:, 0], ro.state["before"][:, 1])
 
 
-def test_shared_noise_within_groups_only():
-    policy = build("sd3", "shared_noise=true", "timesteps.select=all")
+def test_shared_noise_within_groups_only(build_tiny, prompts):
+    policy = build_tiny("sd3", "shared_noise=true", "timesteps.select=all")
     ro = policy.rollout(prompts(TEXTS), group_size=2)
     x0 = ro.state["latents"][:, 0]                                          # x_S, the initial noise
     assert torch.equal(x0[0], x0[1]) and torch.equal(x0[2], x0[3]) and not torch.equal(x0[0], x0[2])
     assert not torch.equal(ro.state["latents"][0, -1], ro.state["latents"][1, -1])  # SDE noise differs
-    private = build("sd3", "shared_noise=false", "timesteps.select=all").rollout(prompts(TEXTS), group_size=2)
+    private = build_tiny("sd3", "shared_noise=false", "timesteps.select=all").rollout(prompts(TEXTS), group_size=2)
     assert not torch.equal(private.state["latents"][0, 0], private.state["latents"][1, 0])
 
 
-def test_sampling_depends_on_the_prompt_seed_only():
+def test_sampling_depends_on_the_prompt_seed_only(build_tiny, prompts):
     """Rank independence: a prompt's samples do not change with the other prompts of the batch."""
-    policy = build("sd3")
+    policy = build_tiny("sd3")
     both = policy.rollout(prompts(TEXTS, seeds=[7, 8]), group_size=2)
     alone = policy.rollout(prompts(TEXTS[1:], seeds=[8]), group_size=2)
     assert torch.equal(select(both, torch.tensor([2, 3])).state["latents"], alone.state["latents"])
@@ -135,8 +135,8 @@ def _count_rows(module, calls):
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux", "sd"])
-def test_text_encoders_run_once_per_prompt(kind):
-    policy = build(kind)
+def test_text_encoders_run_once_per_prompt(kind, build_tiny, prompts):
+    policy = build_tiny(kind)
     pipe = policy.family.pipe
     encoders = [m for m in (pipe.text_encoder, getattr(pipe, "text_encoder_2", None),
                             getattr(pipe, "text_encoder_3", None)) if m is not None]
@@ -151,8 +151,8 @@ def test_text_encoders_run_once_per_prompt(kind):
     assert ro.state["cond"][0] is ro.state["cond"][1] is ro.state["cond"][6]
 
 
-def test_generate_eval_is_deterministic_ode():
-    policy = build("sd3")
+def test_generate_eval_is_deterministic_ode(build_tiny, prompts):
+    policy = build_tiny("sd3")
     a = policy.generate_eval(prompts(TEXTS, seeds=[3, 4], step=-1))
     b = policy.generate_eval(prompts(TEXTS, seeds=[3, 4], step=-1))
     assert [x.prompt for x in a] == TEXTS and all(isinstance(x.output, Image.Image) for x in a)
@@ -160,15 +160,15 @@ def test_generate_eval_is_deterministic_ode():
     assert all(np.array_equal(np.asarray(x.output), np.asarray(y.output)) for x, y in zip(a, b, strict=True))
 
 
-def test_eval_guidance_scale_changes_only_the_evaluation_images():
+def test_eval_guidance_scale_changes_only_the_evaluation_images(build_tiny, prompts):
     """Training without CFG (guidance_scale 1) and evaluating with it: the eval images are those of a
     policy trained at the eval scale, the rollouts those of a policy at scale 1."""
     def images(samples):
         return [np.asarray(s.output) for s in samples]
 
     batch, evals = prompts(TEXTS, seeds=[3, 4], step=-1), prompts(TEXTS, seeds=[3, 4], step=-1)
-    split = build("sd3", "guidance_scale=1.0", "eval_guidance_scale=4.5")
-    plain, cfg = build("sd3", "guidance_scale=1.0"), build("sd3", "guidance_scale=4.5")
+    split = build_tiny("sd3", "guidance_scale=1.0", "eval_guidance_scale=4.5")
+    plain, cfg = build_tiny("sd3", "guidance_scale=1.0"), build_tiny("sd3", "guidance_scale=4.5")
     got, want, other = images(split.generate_eval(evals)), images(cfg.generate_eval(evals)), images(plain.generate_eval(evals))
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
     assert not all(np.array_equal(a, b) for a, b in zip(got, other, strict=True))
@@ -177,12 +177,12 @@ def test_eval_guidance_scale_changes_only_the_evaluation_images():
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
-def test_ode_sampler_matches_the_diffusers_pipeline(kind):
+def test_ode_sampler_matches_the_diffusers_pipeline(kind, build_tiny):
     """Zero noise through our predict / schedule equals the pipeline's own loop from the same latents."""
     from diffusion.sampler import Denoiser, denoise
     from diffusion.timesteps import StepPlan
 
-    policy = build(kind, "lora.rank=0", "reference=false")
+    policy = build_tiny(kind, "lora.rank=0", "reference=false")
     fam, steps, g = policy.family, 5, policy.cfg.guidance_scale
     x = fam.noise(1, torch.Generator().manual_seed(0))
     sched = fam.schedule(steps, policy.cfg.sde_schedule)
@@ -200,9 +200,9 @@ def test_ode_sampler_matches_the_diffusers_pipeline(kind):
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_predict_rows_do_not_depend_on_their_batch():
+def test_predict_rows_do_not_depend_on_their_batch(build_tiny):
     """The padded fixed-size chunks make one row's output independent of the rows around it."""
-    policy = build("sd", "lora.rank=0", "reference=false")
+    policy = build_tiny("sd", "lora.rank=0", "reference=false")
     fam = policy.family
     x = fam.noise(5, torch.Generator().manual_seed(0))
     idx = torch.tensor([0, 1, 2, 3, 0])
@@ -213,10 +213,10 @@ def test_predict_rows_do_not_depend_on_their_batch():
     assert torch.equal(full[3:4], one)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
+def test_gradient_checkpointing_gives_the_same_gradients(build_tiny, perturb_lora, prompts):
     grads = []
     for flag in ("false", "true"):
-        policy = build("sd3", f"gradient_checkpointing={flag}")
+        policy = build_tiny("sd3", f"gradient_checkpointing={flag}")
         perturb_lora(policy)
         ro = policy.rollout(prompts(TEXTS[:1]), group_size=2)
         policy.log_probs(ro, torch.arange(2)).log_probs.sum().backward()

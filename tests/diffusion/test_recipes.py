@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffusion import timesteps
-from diffusion_helpers import REPO
+from tests import REPO
 from mmrl.config import load_config
 
 RECIPES = {"sd35m_flow_grpo.yaml": ("sd3", 9), "flux_dev_dance_grpo.yaml": ("flux", 10),

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CONFIG = os.path.join(ROOT, "configs", "tiny", "t2i_shapes.yaml")
@@ -18,6 +20,7 @@ SHORT_MARGIN = 0.25       # eval/reward/mean(step 10) - eval/reward/mean(step 0)
 MAX_STRAY = 0.10          # eval/quality/shapes_stray at step 10: measured 0.016 (0.043 at step 0)
 
 
+@pytest.mark.integration
 def test_committed_model_loads_offline_with_a_low_but_nonzero_held_out_score(tmp_path, eval_curve_of):
     """Washed-out shapes: the verifier recognises some, not most (step-0 held-out reward)."""
     assert os.path.isfile(os.path.join(MODEL, "model_index.json")), "assets/tiny/shapes_t2i is missing"
@@ -26,6 +29,7 @@ def test_committed_model_loads_offline_with_a_low_but_nonzero_held_out_score(tmp
     assert 0.05 <= curve[0][1] <= 0.35, f"pretrained held-out shapes_t2i {curve[0][1]} outside [0.05, 0.35]"
 
 
+@pytest.mark.integration
 def test_shortened_default_raises_the_held_out_reward_without_stray_pixels(tmp_path, eval_curve_of, rendered_report):
     from mmrl.reporting.summary import read_rows
 
@@ -45,6 +49,7 @@ def test_shortened_default_raises_the_held_out_reward_without_stray_pixels(tmp_p
     assert f"step {SHORT_STEPS}: held-out images" in dom and "the first evaluation above the last" in dom
 
 
+@pytest.mark.integration
 def test_pretraining_script_writes_a_loadable_pipeline(tmp_path):
     out = tmp_path / "pipe"
     cmd = [sys.executable, "-m", "shapes_world.pretrain_t2i", "--seed", "0", "--out", str(out), "--iters", "2",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from mmrl.reporting.summary import read_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -14,6 +16,8 @@ SHORT_STEPS = 40          # the shortened recipe (the full one trains 160 steps,
 SHORT = [f"max_steps={SHORT_STEPS}", f"eval.every={SHORT_STEPS}", "optim.warmup_steps=0", "optim.schedule=constant"]
 SHORT_MARGIN = 0.15       # eval/reward/mean(step 40) - eval/reward/mean(step 0): measured +0.26 for seed 0
 MAX_STRAY = 0.10          # eval/quality/shapes_stray at step 40: measured 0.02 (0.043 at step 0)
+
+pytestmark = pytest.mark.integration
 
 
 def test_shortened_grpo_recipe_raises_the_held_out_reward_with_a_clean_background(tmp_path, eval_curve_of):

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion_helpers import build, policy_config, prompts
 from diffusion.families.common import Cond
 from diffusion.policy import validate
 from diffusion.text_cache import TextCache
@@ -33,8 +32,8 @@ def _encoder_rows(policy) -> list:
     return rows
 
 
-def test_cached_embeddings_equal_fresh_ones_bit_for_bit():
-    policy = build("sd3")
+def test_cached_embeddings_equal_fresh_ones_bit_for_bit(build_tiny):
+    policy = build_tiny("sd3")
     first = policy.encode(TEXTS)
     again = policy.encode(TEXTS[::-1])
     for p in TEXTS:
@@ -43,8 +42,8 @@ def test_cached_embeddings_equal_fresh_ones_bit_for_bit():
         assert all(torch.equal(first[p].tensors[k], fresh.tensors[k]) for k in fresh.tensors)
 
 
-def test_a_repeated_prompt_is_not_encoded_again():
-    policy = build("sd3")
+def test_a_repeated_prompt_is_not_encoded_again(build_tiny, prompts):
+    policy = build_tiny("sd3")
     rows = _encoder_rows(policy)
     policy.rollout(prompts(TEXTS), group_size=2)
     assert rows == [1] * 3 * len(TEXTS)                                    # 3 encoders, each prompt alone
@@ -70,13 +69,13 @@ def test_lru_evicts_the_least_recently_used():
     assert calls == ["a", "b", "c", "b", "a"]
 
 
-def test_size_zero_disables_the_cache():
+def test_size_zero_disables_the_cache(build_tiny, prompts):
     calls = []
     cache = TextCache(_counting_encoder(calls), size=0)
     cache.get(["a", "a", "b"])                                             # within one call, each prompt once
     cache.get(["a"])
     assert calls == ["a", "b", "a"] and len(cache) == 0
-    policy = build("sd3", "text_cache_size=0")
+    policy = build_tiny("sd3", "text_cache_size=0")
     rows = _encoder_rows(policy)
     for _ in range(2):
         policy.rollout(prompts(TEXTS), group_size=2)
@@ -87,8 +86,8 @@ def _pixels(rollout) -> list:
     return [np.asarray(s.output) for s in rollout.samples]
 
 
-def test_rollouts_with_the_cache_equal_rollouts_without_it():
-    cached, plain = build("sd3"), build("sd3", "text_cache_size=0")
+def test_rollouts_with_the_cache_equal_rollouts_without_it(build_tiny, prompts):
+    cached, plain = build_tiny("sd3"), build_tiny("sd3", "text_cache_size=0")
     for step in range(2):                                                  # cold, then warm
         a = cached.rollout(prompts(TEXTS, seeds=[5, 6], step=step), group_size=2)
         b = plain.rollout(prompts(TEXTS, seeds=[5, 6], step=step), group_size=2)
@@ -97,8 +96,8 @@ def test_rollouts_with_the_cache_equal_rollouts_without_it():
     assert len(cached.text_cache) == len(TEXTS) and len(plain.text_cache) == 0
 
 
-def test_changed_encoder_weights_empty_the_cache():
-    policy = build("sd3")
+def test_changed_encoder_weights_empty_the_cache(build_tiny):
+    policy = build_tiny("sd3")
     old = policy.encode(TEXTS[:1])[TEXTS[0]]
     with torch.no_grad():
         next(policy.family.pipe.text_encoder_3.parameters()).mul_(1.5)     # e.g. load_state_dict, an optimizer step
@@ -116,7 +115,7 @@ def test_writing_into_a_cached_embedding_is_caught():
 
 @pytest.mark.parametrize("override,key", [("text_cache_size=-1", "policy.text_cache_size"),
                                           ("decode_batch=-2", "policy.decode_batch")])
-def test_sizes_are_checked_at_load(override, key):
+def test_sizes_are_checked_at_load(override, key, policy_config):
     with pytest.raises(ValueError, match=key):
         validate(policy_config("sd3", override))
 
@@ -129,15 +128,15 @@ def _decode_calls(policy) -> list:
     return rows
 
 
-def test_decode_chunks_have_a_fixed_size():
+def test_decode_chunks_have_a_fixed_size(build_tiny):
     """decode_batch rows per VAE call, the last one padded, so an image is the same alone or in a batch."""
-    policy = build("sd3", "decode_batch=3", "forward_batch=8")
+    policy = build_tiny("sd3", "decode_batch=3", "forward_batch=8")
     calls = _decode_calls(policy)
     x = policy.family.noise(5, torch.Generator().manual_seed(0))          # [5, ...]
     many, alone = policy._decode(x), policy._decode(x[4:5])
     assert calls == [3, 3, 3] and len(many) == 5 and len(alone) == 1
     assert np.array_equal(np.asarray(many[4]), np.asarray(alone[0]))
-    default = build("sd3", "forward_batch=4")                             # decode_batch 0 = forward_batch
+    default = build_tiny("sd3", "forward_batch=4")                        # decode_batch 0 = forward_batch
     calls = _decode_calls(default)
     default._decode(x)
     assert calls == [4, 4]

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from diffusion.timesteps import TimestepsConfig, plan, trained_index, validate, window_start
-from diffusion_helpers import tiny_config
 
 
 def _plan(select, s=10, n=3, step=0, seed=0, **kw):
@@ -67,7 +66,7 @@ def test_invalid_settings_name_the_key(cfg, key):
     ("policy.lora.target_modules=[no_such_layer]", "policy.lora.target_modules"),
     ("policy.model=/no/such/folder", "policy.model"),
 ])
-def test_cli_reports_policy_errors_without_a_traceback(override, needle, tmp_path, capsys):
+def test_cli_reports_policy_errors_without_a_traceback(override, needle, tmp_path, capsys, tiny_config):
     from mmrl.cli import main
 
     code = main(["train", tiny_config("sd3"), f"output_dir={tmp_path}", override])
@@ -75,7 +74,7 @@ def test_cli_reports_policy_errors_without_a_traceback(override, needle, tmp_pat
     assert code == 2 and needle in err and "Traceback" not in err, err
 
 
-def test_kl_without_a_reference_is_a_config_error(tmp_path, capsys):
+def test_kl_without_a_reference_is_a_config_error(tmp_path, capsys, tiny_config):
     from mmrl.cli import main
 
     code = main(["train", tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=1", "eval.every=0",

@@ -11,7 +11,6 @@ from envs import ENVIRONMENTS, check_env, make_env
 from envs.bandit import Bandit
 from envs.frozenlake import FrozenLake
 from envs.sokoban import Sokoban
-from testkit import REPO
 
 USER_ENV = '''
 import gymnasium as gym
@@ -141,9 +140,9 @@ def test_check_env_validates_without_building(user_file, monkeypatch):
         check_env("gym:FrozenLake-v1", {"render_mode": "human"})
 
 
-def test_envs_imports_no_other_mmrl_package():
+def test_envs_imports_no_other_mmrl_package(repo_root):
     forbidden = {"mmrl", "vlm", "diffusion", "shapes_world"}
-    folder = os.path.join(REPO, "envs")
+    folder = os.path.join(repo_root, "envs")
     for name in os.listdir(folder):
         if name.endswith(".py"):
             tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())

@@ -1,5 +1,5 @@
 """`judge`: a VLM asked a rubric question about each sample. The tiny shapes VLM of the CPU default names
-the colour in shapes scenes, in process and behind a real OpenAI-compatible HTTP server (tests/rewards/chat_server.py),
+the colour in shapes scenes, in process and behind a real OpenAI-compatible HTTP server (the `chat_server` fixture),
 with the same scores; parsing tables; config errors; retries, 4xx and a dead endpoint."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import os
 
 import pytest
 
-from chat_server import ChatServer
 from rewards.judge import parse_choice, parse_number
 from rewards.registry import LookupFailed, check, resolve
 from rewards.sample import Sample
-from testkit import REPO
+from tests import REPO
 
 MODEL = os.path.join(REPO, "assets", "tiny", "shapes_vlm")
 RUBRIC = "{prompt} Reply as <answer> answer </answer>."
@@ -84,11 +83,11 @@ def test_local_judge_scores_what_the_model_replies(local):
     assert all(s is not None for s in scores) and len(set(scores)) > 1, (replies, scores)
 
 
-def test_endpoint_judge_gives_the_local_scores_through_a_real_chat_server(local):
+def test_endpoint_judge_gives_the_local_scores_through_a_real_chat_server(local, chat_server):
     """The same model behind an OpenAI-compatible /v1/chat/completions server: images as PNG data URLs,
     temperature 0, the bearer token sent; the scores equal the in-process judge's."""
     samples = _scenes(task="attribute")
-    with ChatServer(local.backend, token="secret") as server:
+    with chat_server(local.backend, token="secret") as server:
         remote = resolve("judge", {"url": server.url, "api_model": "shapes", "api_key": "secret",
                                    "rubric": RUBRIC, "choices": COLOURS, "image_size": SIZE, "max_new_tokens": 8})
         assert remote(samples) == local(samples)
@@ -102,21 +101,21 @@ def test_endpoint_judge_gives_the_local_scores_through_a_real_chat_server(local)
         assert asked == sorted(RUBRIC.format(prompt=s.prompt) for s in samples)
 
 
-def test_a_request_slower_than_its_timeout_is_retried_then_unscorable(local):
+def test_a_request_slower_than_its_timeout_is_retried_then_unscorable(local, chat_server):
     samples = _scenes(2)
-    with ChatServer(local.backend, delay_s=1.5) as server:
+    with chat_server(local.backend, delay_s=1.5) as server:
         judge = resolve("judge", {"url": server.url, "rubric": RUBRIC, "request_timeout_s": 0.1, "retries": 1})
         with pytest.raises(RuntimeError, match="every request failed"):
             judge(samples)
 
 
-def test_endpoint_retries_5xx_not_4xx_and_a_dead_endpoint_names_its_url(local):
+def test_endpoint_retries_5xx_not_4xx_and_a_dead_endpoint_names_its_url(local, chat_server):
     samples = _scenes(2, task="attribute")
-    with ChatServer(local.backend, fail_first=2) as server:                 # two 503s, then answers
+    with chat_server(local.backend, fail_first=2) as server:                 # two 503s, then answers
         judge = resolve("judge", {"url": server.url, "rubric": RUBRIC, "choices": COLOURS, "image_size": SIZE,
                                   "retries": 2, "max_concurrency": 1, "max_new_tokens": 8})
         assert judge(samples) == local(samples) and None not in judge(samples) and server.failed == 2
-    with ChatServer(local.backend, token="secret") as server:               # 401: not retried, unscorable
+    with chat_server(local.backend, token="secret") as server:               # 401: not retried, unscorable
         judge = resolve("judge", {"url": server.url, "rubric": RUBRIC, "retries": 3})
         with pytest.raises(RuntimeError, match=f"judge endpoint {server.url}/chat/completions"):
             judge(samples)

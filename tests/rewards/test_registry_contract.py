@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from reward_server_kit import serving
 from rewards.registry import registered, resolve
 from rewards.sample import Sample
 
@@ -101,7 +100,7 @@ OTHER_KIND = {"text": "image", "box": "image", "image": "text", "shapes_image": 
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory):
+def build(tmp_path_factory, serving):
     """name -> reward built through the registry, cached for the module (with tiny assets on disk
     and a reward server)."""
     root = tmp_path_factory.mktemp("reward_assets")

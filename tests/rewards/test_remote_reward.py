@@ -5,7 +5,6 @@ import threading
 
 import pytest
 
-from reward_server_kit import Script, ones, scripted, serving
 from rewards.builtin.remote import RemoteRewardError
 from rewards.registry import resolve
 from rewards.sample import Sample
@@ -40,31 +39,31 @@ def test_a_missing_optional_dependency_names_the_extra():
         require("mmrl_no_such_module", "the 'remote' reward")
 
 
-def test_5xx_is_retried_until_it_succeeds():
-    script = Script(lambda n, s: (503, {"detail": "warming up"}) if n <= 2 else ones(n, s))
+def test_5xx_is_retried_until_it_succeeds(make_script, scripted, ones):
+    script = make_script(lambda n, s: (503, {"detail": "warming up"}) if n <= 2 else ones(n, s))
     with scripted(script) as url:
         assert _remote(url, retries=2)(SAMPLES[:2]) == [1.0, 1.0]
     assert len(script.posts) == 3
 
 
-def test_4xx_is_not_retried_and_names_the_url():
-    script = Script(lambda n, s: (422, {"detail": "samples[0].meta: expected dict"}))
+def test_4xx_is_not_retried_and_names_the_url(make_script, scripted):
+    script = make_script(lambda n, s: (422, {"detail": "samples[0].meta: expected dict"}))
     with scripted(script) as url:
         with pytest.raises(RemoteRewardError, match=f"{url}/score refused the request.*422.*samples\\[0\\].meta"):
             _remote(url, retries=3)(SAMPLES[:1])
     assert len(script.posts) == 1
 
 
-def test_a_slow_server_times_out_and_each_attempt_is_counted():
-    script = Script(ones, sleep=threading.Event())
+def test_a_slow_server_times_out_and_each_attempt_is_counted(make_script, ones, scripted):
+    script = make_script(ones, sleep=threading.Event())
     with scripted(script) as url:
         with pytest.raises(RemoteRewardError, match=f"{url}/score failed after 2 attempts.*Timeout"):
             _remote(url, retries=1, request_timeout_s=0.2)(SAMPLES[:1])
     assert len(script.posts) == 2
 
 
-def test_a_dead_server_is_an_error_naming_the_url_at_build_and_at_call():
-    with scripted(Script(ones)) as url:
+def test_a_dead_server_is_an_error_naming_the_url_at_build_and_at_call(scripted, make_script, ones):
+    with scripted(make_script(ones)) as url:
         reward = _remote(url, retries=0, backoff_s=30.0)      # no waits; a 30 s fail-fast cycle
     with pytest.raises(RemoteRewardError, match=f"{url}/score failed after 1 attempts.*ConnectError"):
         reward(SAMPLES)
@@ -74,13 +73,13 @@ def test_a_dead_server_is_an_error_naming_the_url_at_build_and_at_call():
         _remote(url, retries=0)
 
 
-def test_batches_go_out_concurrently_in_order_and_a_failing_one_scores_none(caplog):
+def test_batches_go_out_concurrently_in_order_and_a_failing_one_scores_none(caplog, make_script, scripted):
     def answer(n, samples):
         if any(s["id"] == "s3" for s in samples):
             return 500, {"detail": "reward 'x': CUDA out of memory"}
         return 200, {"scores": [float(s["id"][1:]) for s in samples]}
 
-    script = Script(answer)
+    script = make_script(answer)
     with scripted(script) as url:
         reward = _remote(url, batch_size=2, max_concurrency=2, retries=0, backoff_s=30.0)
         assert reward(SAMPLES) == [0.0, 1.0, None, None, 4.0, 5.0]
@@ -90,18 +89,18 @@ def test_batches_go_out_concurrently_in_order_and_a_failing_one_scores_none(capl
     assert f"{url}/score failed after 1 attempts (HTTP 500: reward 'x': CUDA out of memory)" in caplog.text
 
 
-def test_scores_that_are_all_errors_raise_with_the_servers_error_text():
-    script = Script(lambda n, s: (200, {"scores": [None] * len(s), "errors": ["KeyError: 'color'"] * len(s)}))
+def test_scores_that_are_all_errors_raise_with_the_servers_error_text(make_script, scripted):
+    script = make_script(lambda n, s: (200, {"scores": [None] * len(s), "errors": ["KeyError: 'color'"] * len(s)}))
     with scripted(script) as url:
         with pytest.raises(RemoteRewardError, match=f"{url}: the reward raised: KeyError: 'color'"):
             _remote(url)(SAMPLES[:2])
-        bad = Script(lambda n, s: (200, {"scores": [1.0]}))
+        bad = make_script(lambda n, s: (200, {"scores": [1.0]}))
     with scripted(bad) as url:
         with pytest.raises(RemoteRewardError, match=r"off the schema: scores: expected a list of 2"):
             _remote(url, retries=0)(SAMPLES[:2])
 
 
-def test_an_unsendable_sample_fails_alone_under_the_scorer():
+def test_an_unsendable_sample_fails_alone_under_the_scorer(serving):
     odd = Sample("p", "x", meta={"f": object()}, id="odd")
     with serving(lambda s: [1.0] * len(s), "ones") as url:
         rs = RewardSet([RewardSpec("remote", "r", kwargs={"url": url, "backoff_s": 0.01})])
@@ -109,11 +108,11 @@ def test_an_unsendable_sample_fails_alone_under_the_scorer():
     assert scores[:, 0].tolist()[:3] == [1.0, 1.0, 1.0] and metrics["reward/r/failed"] == 1
 
 
-def test_under_the_scorer_a_killed_server_counts_failures_then_stops_naming_the_url():
+def test_under_the_scorer_a_killed_server_counts_failures_then_stops_naming_the_url(scripted, ones, make_script):
     def answer(n, samples):
         return (503, {"detail": "gone"}) if any(s["id"] == "s5" for s in samples) else ones(n, samples)
 
-    with scripted(Script(answer)) as url:
+    with scripted(make_script(answer)) as url:
         spec = RewardSpec("remote", "r", max_fail_frac=0.5,
                           kwargs={"url": url, "batch_size": 2, "retries": 1, "backoff_s": 0.01})
         rs = RewardSet([spec])

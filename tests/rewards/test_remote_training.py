@@ -9,13 +9,13 @@ import threading
 
 import pytest
 
-from reward_server_kit import start_cli_server
-from testkit import BANDIT, mmrl_cmd
+from tests import BANDIT
 
+pytestmark = pytest.mark.integration
 REWARD = "mmrl.testing.bandit:match"
 
 
-def _train(out, *overrides, check=True) -> subprocess.CompletedProcess:
+def _train(mmrl_cmd, out, *overrides, check=True) -> subprocess.CompletedProcess:
     done = subprocess.run(mmrl_cmd("train", BANDIT, f"output_dir={out}", *overrides),
                           capture_output=True, text=True, timeout=180)
     assert not check or done.returncode == 0, done.stderr[-3000:]
@@ -36,12 +36,12 @@ def _remote(url: str, **kw) -> str:
 
 
 @pytest.mark.slow
-def test_a_served_reward_trains_exactly_as_the_local_one(tmp_path):
+def test_a_served_reward_trains_exactly_as_the_local_one(tmp_path, mmrl_cmd, start_cli_server):
     common = ["max_steps=4", "eval.every=2"]
     server, url = start_cli_server(REWARD, "--token", "t0k")
     try:
-        _train(tmp_path / "local", *common, f"rewards=[{{name: '{REWARD}', label: match}}]")
-        _train(tmp_path / "remote", *common, _remote(url, token="t0k", batch_size=5, max_concurrency=3))
+        _train(mmrl_cmd, tmp_path / "local", *common, f"rewards=[{{name: '{REWARD}', label: match}}]")
+        _train(mmrl_cmd, tmp_path / "remote", *common, _remote(url, token="t0k", batch_size=5, max_concurrency=3))
     finally:
         server.terminate()
         server.wait(30)
@@ -54,7 +54,7 @@ def test_a_served_reward_trains_exactly_as_the_local_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_server_stops_training_naming_it_and_resume_finishes(tmp_path):
+def test_a_killed_server_stops_training_naming_it_and_resume_finishes(tmp_path, mmrl_cmd, start_cli_server):
     out, steps = tmp_path / "run", 16
     common = [f"max_steps={steps}", "eval.every=0", "checkpoint.every=2", "policy.sleep_s=0.2"]
     server, url = start_cli_server(REWARD)
@@ -77,7 +77,7 @@ def test_a_killed_server_stops_training_naming_it_and_resume_finishes(tmp_path):
 
     server, _ = start_cli_server(REWARD, port=int(url.rsplit(":", 1)[1]))
     try:
-        _train(out, *common, "resume=auto")
+        _train(mmrl_cmd, out, *common, "resume=auto")
     finally:
         server.terminate()
         server.wait(30)

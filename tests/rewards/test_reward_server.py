@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from reward_server_kit import serving
 from rewards.registry import resolve
 from rewards.sample import Sample
 from rewards.server import listen
 from shapes_world.tasks import render_prompt, t2i_records
-from testkit import REPO, mmrl_cmd
+from tests import REPO
 
 TEXT = [Sample("1+1?", "<think>easy</think><answer>2</answer>", answer="2", id="a"),
         Sample("x?", "<answer>3/7</answer>", answer="0.428571", id="b"),
@@ -32,7 +31,7 @@ def _remote(url: str, **kw):
 
 @pytest.mark.parametrize("name, kwargs", [("math", {}), ("format", {}),
                                           (f"{REPO}/examples/my_reward.py:small_numbers", {"scale": 7})])
-def test_remote_scores_equal_the_local_reward_exactly_for_text(name, kwargs):
+def test_remote_scores_equal_the_local_reward_exactly_for_text(name, kwargs, serving):
     local = resolve(name, kwargs)
     with serving(resolve(name, kwargs), name) as url:
         got = _remote(url)(TEXT)
@@ -50,7 +49,7 @@ def _image_reward_file(tmp_path) -> str:
     return f"{path}:pixels"
 
 
-def test_remote_scores_equal_the_local_reward_exactly_for_images(tmp_path):
+def test_remote_scores_equal_the_local_reward_exactly_for_images(tmp_path, serving):
     specs = t2i_records("train")[:5]
     noisy = Image.fromarray(np.random.default_rng(0).integers(0, 256, (24, 24, 3), dtype=np.uint8))
     samples = [Sample(s["prompt"], render_prompt(s, seed=i), images=[noisy] * (i % 2), meta=s, id=str(i))
@@ -63,7 +62,7 @@ def test_remote_scores_equal_the_local_reward_exactly_for_images(tmp_path):
     assert len(set(got)) == len(samples)          # the plug-in's scores tell every image apart
 
 
-def test_health_and_token():
+def test_health_and_token(serving):
     with serving(lambda s: [1.0] * len(s), "ones", token="s3cret") as url:
         body = {"samples": [{"output": {"text": "x"}}]}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
@@ -84,7 +83,7 @@ def _png_b64(size: int) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def test_a_body_over_the_cap_is_413_declared_or_chunked():
+def test_a_body_over_the_cap_is_413_declared_or_chunked(serving):
     with serving(lambda s: [1.0] * len(s), "ones", max_request_bytes=20_000) as url:
         big = json.dumps({"samples": [{"output": {"image_png_b64": _png_b64(128)}}]}).encode()   # ~66 kB
         small = json.dumps({"samples": [{"output": {"image_png_b64": _png_b64(8)}}]}).encode()
@@ -109,7 +108,7 @@ BAD_BODIES = [
 
 
 @pytest.mark.parametrize("body, status, message", BAD_BODIES, ids=[m for _, _, m in BAD_BODIES])
-def test_schema_errors_name_the_field(body, status, message):
+def test_schema_errors_name_the_field(body, status, message, serving):
     with serving(lambda s: [1.0] * len(s), "ones") as url:
         r = httpx.post(url + "/score", content=body)
         assert r.status_code == status and message in r.json()["detail"], r.text
@@ -121,7 +120,7 @@ def _flaky(samples):
     return [float(len(s.output)) for s in samples]
 
 
-def test_a_raising_reward_costs_only_its_samples_and_a_broken_one_is_500():
+def test_a_raising_reward_costs_only_its_samples_and_a_broken_one_is_500(serving):
     with serving(_flaky, "flaky") as url:
         samples = [{"id": str(i), "output": {"text": t}} for i, t in enumerate(["ab", "boom", "abc"])]
         r = httpx.post(url + "/score", json={"samples": samples}).json()
@@ -133,7 +132,7 @@ def test_a_raising_reward_costs_only_its_samples_and_a_broken_one_is_500():
         assert httpx.post(url + "/score", json={"samples": samples[:1]}).json()["scores"] == [1.0]
 
 
-def test_the_reward_runs_on_one_thread_one_call_at_a_time():
+def test_the_reward_runs_on_one_thread_one_call_at_a_time(serving):
     seen, lock, state = set(), threading.Lock(), {"now": 0, "max": 0}
 
     def reward(samples):
@@ -152,7 +151,8 @@ def test_the_reward_runs_on_one_thread_one_call_at_a_time():
     assert len(seen) == 1 and state["max"] == 1
 
 
-def test_the_serve_command_refuses_a_bad_reward_or_a_taken_port():
+@pytest.mark.integration
+def test_the_serve_command_refuses_a_bad_reward_or_a_taken_port(mmrl_cmd):
     unknown = subprocess.run(mmrl_cmd("rewards", "serve", "nope"), capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 2 and "valid names: " in unknown.stderr and "Traceback" not in unknown.stderr
     taken = listen("127.0.0.1", 0)

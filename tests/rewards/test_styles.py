@@ -10,7 +10,7 @@ from rewards.registry import LookupFailed, check, resolve
 from rewards.sample import Sample
 from rewards.scorer import RewardSet, parse_specs
 from rewards.styles import STYLES, adapt, detect
-from testkit import BANDIT, REPO, mmrl_cmd
+from tests import BANDIT, REPO
 
 EXAMPLES = f"{REPO}/examples/framework_rewards.py"
 
@@ -117,7 +117,8 @@ def test_trl_reward_functions_give_the_scores_trl_gives_them():
         assert sorted(set(direct)) == [0.0, 1.0], (name, direct)             # the samples tell them apart
 
 
-def test_training_with_each_framework_style_scores_like_the_native_reward(tmp_path):
+@pytest.mark.integration
+def test_training_with_each_framework_style_scores_like_the_native_reward(tmp_path, mmrl_cmd):
     """The bandit trains on its native `match`; the same reward written for TRL, veRL and EasyR1 is
     scored alongside (weight 0) and gives the same reward/<label>/mean at every step."""
     entries = ", ".join([

@@ -12,9 +12,9 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from testkit import REPO, mmrl_cmd
+from tests import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 AGENT = os.path.join(REPO, "configs", "tiny", "agent_tiny.yaml")
 CORRIDOR = os.path.join(REPO, "tests", "vlm", "agent_env.py") + ":Corridor"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -47,23 +47,13 @@ def latest(run: str) -> int:
         return 0
 
 
-def test_a_file_environment_trains_and_resumes_bit_exactly_after_sigkill(tmp_path):
+def test_a_file_environment_trains_and_resumes_bit_exactly_after_sigkill(tmp_path, mmrl_cmd):
     cfg = config(tmp_path, {"name": CORRIDOR, "length": 3, "max_turns": 3, "step_reward": -0.1},
                  format_prompt="none")                  # any reply is an action: rewards vary from the start
     common = [cfg, "max_steps=8", "checkpoint.every=2", "eval.every=4", "algo.filter.name=none"]
     full, broken = str(tmp_path / "full"), str(tmp_path / "broken")
-    done = subprocess.run(mmrl_cmd("train", *common, f"output_dir={full}"), cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = metrics(full)
-    trained = [r for r in rows if "loss" in r]
-    assert [r["step"] for r in trained] == list(range(1, 9))
-    assert any(r["grad_norm"] > 0 for r in trained)       # the policy did change, so resuming could go wrong
-    assert all(r["ratio/first_max_abs_dev"] == 0.0 for r in trained)
-    for key in ("env/turns/mean", "env/success", "env/invalid_action_frac", "env/reward_group_std", "env/distinct_2"):
-        assert key in trained[0], key
-    assert "eval/success" in rows[0] and "eval/success" in trained[-1]
-
+    unbroken = subprocess.Popen(mmrl_cmd("train", *common, f"output_dir={full}"), cwd=REPO, env=ENV,   # beside the
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)        # broken run
     proc = subprocess.Popen(mmrl_cmd("train", *common, f"output_dir={broken}"), cwd=REPO, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -73,13 +63,22 @@ def test_a_file_environment_trains_and_resumes_bit_exactly_after_sigkill(tmp_pat
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert 2 <= latest(broken) < 8
+    assert unbroken.wait(timeout=600) == 0, unbroken.stderr.read()[-3000:]
+    rows = metrics(full)
+    trained = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in trained] == list(range(1, 9))
+    assert any(r["grad_norm"] > 0 for r in trained)       # the policy did change, so resuming could go wrong
+    assert all(r["ratio/first_max_abs_dev"] == 0.0 for r in trained)
+    for key in ("env/turns/mean", "env/success", "env/invalid_action_frac", "env/reward_group_std", "env/distinct_2"):
+        assert key in trained[0], key
+    assert "eval/success" in rows[0] and "eval/success" in trained[-1]
     again = subprocess.run(mmrl_cmd("train", *common, f"output_dir={broken}", "resume=auto"), cwd=REPO, env=ENV,
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert without_time(metrics(broken)) == without_time(rows)
 
 
-def test_gymnasium_frozenlake_runs_as_registered(tmp_path):
+def test_gymnasium_frozenlake_runs_as_registered(tmp_path, mmrl_cmd):
     cfg = config(tmp_path, {"name": "gym:FrozenLake-v1", "max_turns": 2})
     out = str(tmp_path / "gym")
     done = subprocess.run(mmrl_cmd("train", cfg, f"output_dir={out}", "max_steps=1", "eval.every=1"),

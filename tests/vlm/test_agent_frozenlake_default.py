@@ -19,6 +19,7 @@ SHORT_STEPS = 10          # the shortened default (the full one trains 40 steps)
 SHORT_MARGIN = 0.25
 
 
+@pytest.mark.integration
 def test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily(tmp_path, eval_curve_of):
     assert os.path.isfile(os.path.join(MODEL, "model.safetensors")), "assets/tiny/frozenlake_agent is missing"
     curve = eval_curve_of(CONFIG, tmp_path, "max_steps=0", "eval.every=1")
@@ -27,6 +28,7 @@ def test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_shortened_default_raises_the_held_out_success_and_reports_it(tmp_path, eval_curve_of, rendered_report):
     curve = eval_curve_of(CONFIG, tmp_path, f"max_steps={SHORT_STEPS}", f"eval.every={SHORT_STEPS}",
                           "eval.max_prompts=32", "eval.prompts_per_batch=32")
@@ -38,6 +40,7 @@ def test_shortened_default_raises_the_held_out_success_and_reports_it(tmp_path, 
     assert f"step {SHORT_STEPS}: first held-out episode" in dom and "eval/success" in dom
 
 
+@pytest.mark.integration
 def test_pretraining_script_writes_a_loadable_model(tmp_path):
     out = tmp_path / "model"
     cmd = [sys.executable, "-m", "shapes_world.pretrain_agent", "--seed", "0", "--out", str(out), "--iters", "2",

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from mmrl.config import load_config
-from testkit import REPO
+from tests import REPO
 
 RECIPES = sorted(glob.glob(os.path.join(REPO, "configs", "agents", "*.yaml")))
 

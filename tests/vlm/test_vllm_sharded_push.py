@@ -4,7 +4,7 @@ and the trained weights are left as they were. Runs FSDP2 over a 1-process gloo 
 
 import pytest
 
-from testkit import fresh_python
+pytestmark = pytest.mark.integration        # FSDP2 over a gloo group, in a fresh interpreter
 
 CODE = r'''
 import torch
@@ -45,5 +45,5 @@ print("ok", len(got))
 
 
 @pytest.mark.parametrize("lora", [4, 0], ids=["lora", "full"])
-def test_a_sharded_model_pushes_block_by_block_what_the_unsharded_one_pushes(lora):
+def test_a_sharded_model_pushes_block_by_block_what_the_unsharded_one_pushes(lora, fresh_python):
     fresh_python(CODE.replace("LORA", str(lora)))

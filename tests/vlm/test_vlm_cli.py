@@ -27,6 +27,7 @@ def _metrics(out_dir: str) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_tiny_vlm_trains_validates_and_resumes(tmp_path):
     out = str(tmp_path / "run")
     first = _train(out, "max_steps=2", "checkpoint.every=1", "eval.every=2")
@@ -64,6 +65,7 @@ def test_bad_policy_key_is_a_config_error(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_two_process_gloo_run(tmp_path):
     """DDP on CPU (gloo): each process rolls out its own prompts; the prepared TokenScorer syncs grads."""
     out = str(tmp_path / "ddp")

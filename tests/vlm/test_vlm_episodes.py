@@ -228,16 +228,15 @@ def test_the_lora_base_is_the_kl_reference_of_a_trajectory(agent):
 
 
 @pytest.mark.parametrize("credit", ["turn_index", "state"])
-def test_turn_level_credit_reaches_the_update(credit, tmp_path):
+def test_turn_level_credit_reaches_the_update(credit, tmp_path, repo_root):
     import json
 
     from omegaconf import OmegaConf
 
     from mmrl.config import load_config
     from mmrl.loop.trainer import setup
-    from testkit import REPO
 
-    node = OmegaConf.load(os.path.join(REPO, "configs", "tiny", "agent_tiny.yaml"))
+    node = OmegaConf.load(os.path.join(repo_root, "configs", "tiny", "agent_tiny.yaml"))
     node.env = {"name": ENV_FILE, "length": 3, "max_turns": 4, "step_reward": -0.1}
     path = tmp_path / "corridor.yaml"
     OmegaConf.save(node, path)

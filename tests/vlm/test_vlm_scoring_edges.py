@@ -19,7 +19,7 @@ import torch
 
 from mmrl.config import ConfigError, load_config
 from mmrl.types import PromptBatch
-from testkit import REPO
+from tests import REPO
 
 VLM_TINY = os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml")
 LOGIT_SCALE = 12.0     # the tiny model's raw logits have std ~0.2; scaled, temperature and capping matter

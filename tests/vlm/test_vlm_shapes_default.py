@@ -22,6 +22,7 @@ COUNT_MARGIN = 0.2        # the same on the count questions alone: measured +0.3
 MAX_COUNT_SHARE = 0.6     # the commonest count answer at step 50, of all count answers: measured 0.45 for seed 0
 
 
+@pytest.mark.integration
 def test_committed_model_loads_offline_with_a_sane_held_out_score(tmp_path, eval_curve_of):
     """Greedy held-out shapes_vlm reward of the committed model: above chance, far from perfect."""
     assert os.path.isfile(os.path.join(MODEL, "model.safetensors")), "assets/tiny/shapes_vlm is missing"
@@ -30,6 +31,7 @@ def test_committed_model_loads_offline_with_a_sane_held_out_score(tmp_path, eval
     assert 0.1 <= curve[0][1] <= 0.5, f"pretrained held-out greedy reward {curve[0][1]} outside [0.1, 0.5]"
 
 
+@pytest.mark.integration
 def test_shortened_default_raises_the_held_out_reward_by_counting_and_reports_it(tmp_path, eval_curve_of,
                                                                               rendered_report):
     """The rise holds on the count questions by themselves and is not one answer given to all of them
@@ -51,6 +53,7 @@ def test_shortened_default_raises_the_held_out_reward_by_counting_and_reports_it
     assert "Held-out reward by task and gold answer" in dom and "eval/task/count/reward/mean" in dom
 
 
+@pytest.mark.integration
 def test_pretraining_script_writes_a_loadable_model(tmp_path):
     out = tmp_path / "model"
     cmd = [sys.executable, "-m", "shapes_world.pretrain_vlm", "--seed", "0", "--out", str(out), "--iters", "3",

@@ -144,7 +144,8 @@ print("ok")
 '''
 
 
-def test_vllm_samples_from_the_sharded_policy_after_a_block_by_block_push(tmp_path):
+@pytest.mark.integration
+def test_vllm_samples_from_the_sharded_policy_after_a_block_by_block_push(tmp_path, repo_root):
     """distributed.strategy=fsdp with the vLLM backend (FSDP2 over a 1-process gloo group, in a fresh
     interpreter): after an update of the sharded weights, pushed one block at a time, vLLM's log-probs equal
     the sharded scorer's recompute to 1e-5."""
@@ -152,8 +153,6 @@ def test_vllm_samples_from_the_sharded_policy_after_a_block_by_block_push(tmp_pa
     import subprocess
     import sys
 
-    from testkit import REPO
-
-    done = subprocess.run([sys.executable, "-c", SHARDED.replace("OUT", str(tmp_path))], cwd=REPO,
+    done = subprocess.run([sys.executable, "-c", SHARDED.replace("OUT", str(tmp_path))], cwd=repo_root,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
