@@ -106,7 +106,7 @@ def summary_text(rows: list[dict]) -> str:
 
 
 def eval_files(run_dir: str) -> list[tuple[int, str]]:
-    """[(step, path)] of the held-out evaluations' sample files `samples/eval_step_XXXXXX.jsonl`, by step."""
+    """[(step, path)] of the held-out evaluations' sample files `samples/eval_step_<step, 6 digits>.jsonl`, by step."""
     folder = os.path.join(run_dir, "samples")
     if not os.path.isdir(folder):
         return []
