@@ -1,7 +1,7 @@
 """The learning role (`Learner`): `update_epochs` passes of shuffled microbatches, gradient accumulation up to
 each optimizer step, grad-norm clipping, non-finite step skipping, the EMA of the weights after each applied
 optimizer step (`mmrl.loop.ema`); the same loop for every objective (`algo.objective`,
-`mmrl.algorithms.objectives`: the policy gradient, DiffusionNFT's forward-process loss)."""
+`mmrl.algorithms.objectives`: the policy gradient, AReaL's decoupled PPO, DiffusionNFT's forward-process loss)."""
 
 from __future__ import annotations
 
@@ -120,6 +120,11 @@ class Learner:
         """
         if ro.log_probs is not None or single_pass:
             return ro.log_probs
+        return self._no_grad_log_probs(ro)
+
+    def _no_grad_log_probs(self, ro) -> torch.Tensor:
+        """[N, T] log-probs of the rollout's actions under the current weights: one no-grad pass of the training
+        forward in microbatches of train.samples_per_microbatch, under autocast."""
         mb = self.train.samples_per_microbatch
         with torch.no_grad(), self.accelerator.autocast():
             return torch.cat([self.policy.log_probs(ro, idx).log_probs for idx in torch.arange(len(ro)).split(mb)])
@@ -140,7 +145,8 @@ class Learner:
         single_pass = train.update_epochs == 1 and per_opt >= n
         loss_of = objective.build(objectives.ObjectiveInput(
             policy=policy, algo=self.algo, batch=batch, advantages=adv,
-            old_log_probs=lambda: self._old_log_probs(ro, single_pass)))
+            old_log_probs=lambda: self._old_log_probs(ro, single_pass),
+            recompute_log_probs=lambda: self._no_grad_log_probs(ro)))
         gen = torch.Generator().manual_seed(self.seed * 7_919 + step)
         metrics, first_dev = Accumulator(), None
         for epoch in range(train.update_epochs):

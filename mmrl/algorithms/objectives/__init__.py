@@ -1,8 +1,10 @@
 """Objectives: what the learner minimises on one step's batch, one registered entry per file (`algo.objective`).
 
-    pg   the policy gradient over per-action log-probs (pg.py): a policy loss (`algo.policy_loss`), the KL and
-         entropy terms and the aggregation, for every adapter.
-    nft  DiffusionNFT's forward-process loss on the clean samples (nft.py), for flow-matching policies.
+    pg         the policy gradient over per-action log-probs (pg.py): a policy loss (`algo.policy_loss`), the KL
+               and entropy terms and the aggregation, for every adapter.
+    decoupled  AReaL's decoupled PPO (decoupled.py): pg's loss with the ratio anchored at the proximal policy
+               (recomputed before the update) and each action weighted by pi_prox / pi_behav, for stale samples.
+    nft        DiffusionNFT's forward-process loss on the clean samples (nft.py), for flow-matching policies.
 
 An entry is an `Objective`:
 
@@ -37,6 +39,9 @@ class ObjectiveInput:
     advantages:    [N] or [N, T] on the policy's device (per-action credit where the batch has it).
     old_log_probs: () -> [N, T] log pi_old, or None where they are the first training forward's own values
                    (a single on-policy pass); called by the objectives that need them, once.
+    recompute_log_probs: () -> [N, T] log-probs of the current weights, always computed: a no-grad pass of
+                   `policy.log_probs` over the whole batch in microbatches of train.samples_per_microbatch, under
+                   autocast (the proximal policy of `decoupled`); call it in `build`, before any update.
     """
 
     policy: Any
@@ -44,6 +49,7 @@ class ObjectiveInput:
     batch: Any
     advantages: torch.Tensor
     old_log_probs: Callable[[], "torch.Tensor | None"]
+    recompute_log_probs: Callable[[], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class Objective:
 
 
 def _builtins() -> None:
-    from mmrl.algorithms.objectives import nft, pg  # noqa: F401  (their decorators register the entries)
+    from mmrl.algorithms.objectives import decoupled, nft, pg  # noqa: F401  (their decorators register the entries)
 
 
 OBJECTIVES: Registry = Registry("objective", on_first_use=_builtins)
