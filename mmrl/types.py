@@ -53,6 +53,9 @@ class Rollout:
     engine_log_probs: [N, T] the sampled actions' log-probs as the engine that sampled them reported them,
                 when that engine is not the trained forward (vLLM); None otherwise. The core compares
                 them with the trainer's and weights the update by their ratio (`algo.rollout_correction`).
+    versions:   [N, T] int64, the policy version (updates applied) of the weights that produced each action;
+                filled by the generator (`mmrl.loop.collect`) where the adapter leaves it None. Asynchronous
+                training bounds a trained action's staleness (the training step minus its version) with it.
     """
 
     samples: list
@@ -61,6 +64,7 @@ class Rollout:
     group: torch.Tensor
     state: dict = field(default_factory=dict)
     engine_log_probs: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.mask.shape[0]
@@ -285,6 +289,7 @@ def select(rollout: Rollout, idx: torch.Tensor) -> Rollout:
         group=rollout.group[idx],
         state={k: _take(v, idx) for k, v in rollout.state.items()},
         engine_log_probs=None if rollout.engine_log_probs is None else rollout.engine_log_probs[idx],
+        versions=None if rollout.versions is None else rollout.versions[idx],
     )
 
 
@@ -319,4 +324,6 @@ def concat(rollouts: list[Rollout]) -> Rollout:
         state=state,
         engine_log_probs=(None if any(r.engine_log_probs is None for r in rollouts)
                           else _pad_cat([r.engine_log_probs for r in rollouts])),
+        versions=(None if any(r.versions is None for r in rollouts)
+                  else _pad_cat([r.versions for r in rollouts])),
     )

@@ -242,6 +242,12 @@ def check_data(cfg: Config) -> None:
                           "held-out prompts, or set eval.every=0")
 
 
+def check_asynchronous(cfg: Config) -> None:
+    from mmrl.config.asynchronous import check
+
+    check(cfg)
+
+
 def check_all(cfg: Config) -> None:
     """Everything that can be known from the config alone, cheapest first."""
     check_run(cfg)
@@ -254,3 +260,4 @@ def check_all(cfg: Config) -> None:
     check_env(cfg)
     check_data(cfg)
     check_rewards(cfg)
+    check_asynchronous(cfg)

@@ -17,8 +17,10 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from mmrl.algorithms.credit import CreditConfig
 from mmrl.algorithms.filtering import FilterConfig
+from mmrl.algorithms.objectives.decoupled import DecoupledConfig
 from mmrl.algorithms.objectives.nft import NFTConfig
 from mmrl.algorithms.rollout_correction import RolloutCorrectionConfig
+from mmrl.config.asynchronous import AsyncConfig
 from mmrl.errors import ConfigError  # noqa: F401  (re-exported: `from mmrl.config import ConfigError` keeps working)
 
 
@@ -74,8 +76,9 @@ class AlgoConfig:
     best_worst_k: int = 0                 # keep the k best and k worst samples of each group (2k of G; DanceGRPO); 0 = all
     credit: CreditConfig = field(default_factory=CreditConfig)   # episodes: name (trajectory | turn_index | state), gamma, weight: mmrl/algorithms/credit.py
     step_reweight: bool = False           # GRPO-Guard gradient reweighting: each step's surrogate times 1/dt (flow-matching diffusion only)
-    objective: str = "pg"                 # pg (policy gradient over per-action log-probs) | nft (DiffusionNFT's forward-process loss; diffusion only): mmrl/algorithms/objectives
+    objective: str = "pg"                 # pg (policy gradient over per-action log-probs) | decoupled (AReaL's decoupled PPO for stale samples) | nft (DiffusionNFT's forward-process loss; diffusion only): mmrl/algorithms/objectives
     nft: NFTConfig = field(default_factory=NFTConfig)  # objective nft: beta, adv_scale, adaptive_weight, timesteps, old_decay_*: mmrl/algorithms/objectives/nft.py
+    decoupled: DecoupledConfig = field(default_factory=DecoupledConfig)  # objective decoupled: mode, max, min of pi_prox / pi_behav: mmrl/algorithms/objectives/decoupled.py
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # mode, max, min: mmrl/algorithms/rollout_correction.py
 
 
@@ -144,6 +147,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    asynchronous: AsyncConfig = field(default_factory=AsyncConfig)  # rollout workers on Ray beside the learner: mmrl/config/asynchronous.py
 
 
 def _schema_at(schema: type, dotted: str) -> tuple[str, list[str]]:
@@ -375,7 +379,8 @@ def _registries() -> dict:
     from mmrl.algorithms.policy_losses import POLICY_LOSSES
     from mmrl.algorithms.rollout_correction import CORRECTIONS
     from mmrl.algorithms.schedules import SCHEDULES
+    from mmrl.config.asynchronous import STALENESS
 
-    return {"algo.objective": OBJECTIVES, "algo.advantage": ESTIMATORS, "algo.reward_combine": REWARD_COMBINES,
+    return {"asynchronous.on_stale": STALENESS, "algo.objective": OBJECTIVES, "algo.advantage": ESTIMATORS, "algo.reward_combine": REWARD_COMBINES,
             "algo.policy_loss": POLICY_LOSSES, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
             "algo.filter.name": FILTERS, "optim.schedule": SCHEDULES, "algo.credit.name": CREDITS, "algo.rollout_correction.mode": CORRECTIONS}

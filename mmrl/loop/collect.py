@@ -7,7 +7,7 @@ the final batch size are agreed across processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -102,6 +102,9 @@ class Generator:
     def state_dict(self) -> dict:
         return {"sampler": self.sampler.state_dict()}
 
+    def close(self) -> None:
+        """Nothing to release (the asynchronous controller, which stands in for it, stops its workers here)."""
+
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state["sampler"])
 
@@ -117,6 +120,8 @@ class Generator:
         if len(rollout) != p_local * g:
             raise RuntimeError(f"policy.rollout returned {len(rollout)} samples for {p_local} prompts x "
                                f"group_size {g}")
+        if rollout.versions is None:                                         # one version made every action
+            rollout = replace(rollout, versions=torch.full(rollout.mask.shape, self.version, dtype=torch.long))
         scores, metrics = self.rewards.score(rollout.samples)               # [N, K]
         return rollout, scores, metrics
 

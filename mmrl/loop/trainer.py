@@ -7,7 +7,6 @@ resume), `train` runs the steps. The roles live in `mmrl.loop.collect` (`Generat
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -18,13 +17,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from mmrl import episodes
 from mmrl.algorithms.schedules import lr_lambda
 from mmrl.config import Config, ConfigError, to_yaml
-from mmrl.config.policies import BuildContext, build_policy, needs_ratio_norm
-from mmrl.data import PromptSampler, load_records
+from mmrl.data import PromptSampler
 from mmrl.distributed import memory, sharding
 from mmrl.distributed.reduce import Accumulator, Metric, mean
+from mmrl.loop.build import build_policy_for_run, build_rewards, run_records
 from mmrl.loop.collect import Generator
 from mmrl.loop.ema import EMA, build_ema
 from mmrl.loop.evaluation import Evaluator
@@ -35,7 +33,7 @@ from mmrl.reporting.samples import write_samples
 from mmrl.reporting.report import write_report
 from mmrl.reporting.summary import before_after, plot_rewards, read_rows, summary_text
 from mmrl.state import checkpoint
-from mmrl.types import Shardable, check_capabilities
+from mmrl.types import check_capabilities
 
 log = logging.getLogger("mmrl")
 
@@ -48,7 +46,7 @@ class Run:
 
     cfg: Config
     accelerator: Accelerator
-    generator: Generator
+    generator: Generator             # or the asynchronous `mmrl.loop.asynchronous.controller.Controller` (same interface)
     learner: Learner
     evaluator: Evaluator | None      # None when there is no held-out evaluation
     start_step: int
@@ -110,7 +108,8 @@ class Run:
                 row.update(memory.metrics(self.policy.model, self.optimizer))
                 if cfg.logging.save_samples_every and (step + 1) % cfg.logging.save_samples_every == 0 and main:
                     write_samples(os.path.join(cfg.output_dir, "samples", f"step_{step + 1:06d}.jsonl"),
-                                  batch.rollout.samples, batch.scores, self.rewards.labels, batch.advantages)
+                                  batch.rollout.samples, batch.scores, self.rewards.labels, batch.advantages,
+                                  versions=_action_versions(batch.rollout))
                 if self.eval_due(step + 1):
                     # every process evaluates the same prompts deterministically, so the values agree
                     row.update({k: mean(v) for k, v in self.evaluator(step + 1).items()})
@@ -177,46 +176,7 @@ def _resume_path(cfg: Config, ckpt_dir: str) -> str | None:
     return path
 
 
-def _records(cfg: Config) -> tuple[list, list | None]:
-    """Training and held-out records: the data sources, or the environment's episode seeds."""
-    if cfg.env is not None:
-        held_out = episodes.eval_records(cfg.env, cfg.eval.max_prompts) if cfg.eval.every > 0 else None
-        return episodes.train_records(cfg.env), held_out
-    records = load_records(cfg.data.train, cfg.data.train_kwargs, "data.train")
-    eval_records = (load_records(cfg.data.eval, cfg.data.eval_kwargs, "data.eval")
-                    if cfg.data.eval and cfg.eval.every > 0 else None)
-    return records, eval_records
-
-
-def _build_policy(cfg: Config, acc: Accelerator):
-    """The adapter's policy; with distributed.strategy=fsdp its model sharded in place (its parameters become
-    DTensors, `mmrl.distributed.sharding`), after which `policy.on_shard()` takes the new parameters where it holds
-    any."""
-    dist_cfg = cfg.distributed
-    shard = (functools.partial(sharding.shard, device=acc.device, precision=cfg.precision,
-                               reshard_after_forward=dist_cfg.reshard_after_forward)
-             if dist_cfg.strategy == "fsdp" else None)
-    algo = cfg.algo
-    ctx = BuildContext(device=acc.device, seed=cfg.seed, output_dir=cfg.output_dir, precision=cfg.precision,
-                       accelerator=acc, kl_beta=algo.kl_beta, env=cfg.env, ratio_norm=needs_ratio_norm(algo),
-                       step_reweight=algo.step_reweight, objective=algo.objective, shard=shard,
-                       rollout=dist_cfg.rollout)
-    try:
-        policy = build_policy(cfg.policy, ctx)
-    except ConfigError:
-        raise
-    except (ValueError, OSError) as e:  # a model that cannot be found or does not fit the section
-        raise ConfigError(f"building policy {cfg.policy.name!r}: {e}") from None
-    if shard is not None:
-        shard(policy.model)
-        if isinstance(policy, Shardable):
-            policy.on_shard()
-    return policy
-
-
 def setup(cfg: Config) -> Run:
-    from rewards.scorer import RewardSet, parse_specs
-
     acc = Accelerator(cpu=cfg.cpu or not torch.cuda.is_available(),
                       mixed_precision={"fp32": "no"}.get(cfg.precision, cfg.precision))
     set_seed(cfg.seed)
@@ -228,14 +188,9 @@ def setup(cfg: Config) -> Run:
     if p % world:
         raise ConfigError(f"train.prompts_per_step={p} must be divisible by the {world} processes")
     resume = _resume_path(cfg, os.path.join(cfg.output_dir, "checkpoints"))   # before anything is built
-    try:
-        rewards = RewardSet(parse_specs(list(cfg.rewards)))
-        diagnostics = (RewardSet(parse_specs(list(cfg.eval.diagnostics), "eval.diagnostics"))
-                       if cfg.eval.diagnostics else None)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    records, eval_records = _records(cfg)
-    policy = _build_policy(cfg, acc)
+    rewards, diagnostics = build_rewards(cfg)
+    records, eval_records = run_records(cfg)
+    policy = build_policy_for_run(cfg, acc)
     check_capabilities(policy, kl_beta=cfg.algo.kl_beta, eval_every=cfg.eval.every, objective=cfg.algo.objective)
     fsdp = sharding.is_sharded(policy.model)
     params = list(policy.trainable_parameters())
@@ -259,6 +214,13 @@ def setup(cfg: Config) -> Run:
                           prompts_per_process=p // world)
     learner = Learner(policy=policy, optimizer=optimizer, scheduler=scheduler, params=params, accelerator=acc,
                       ema=build_ema(params, cfg.train), train=cfg.train, optim=cfg.optim, algo=cfg.algo, seed=cfg.seed)
+    if cfg.asynchronous.enabled:          # rollout workers on Ray sample; this process learns (mmrl.loop.asynchronous)
+        if world > 1:
+            raise ConfigError(f"asynchronous.enabled=true runs its learner in one process; launched with {world} "
+                              "processes: start `mmrl train` without torchrun / accelerate launch")
+        from mmrl.loop.asynchronous.controller import start
+
+        generator = start(cfg, generator, params)
     evaluator = None
     if eval_records is not None:
         evaluator = Evaluator(policy=policy, rewards=rewards, records=eval_records[:cfg.eval.max_prompts],
@@ -276,6 +238,13 @@ def setup(cfg: Config) -> Run:
     return run
 
 
+def _action_versions(rollout) -> list[list[int]] | None:
+    """Per sample, the policy version of each of its actions (None when the rollout has no versions)."""
+    if rollout.versions is None:
+        return None
+    return [v[m.bool()].tolist() for v, m in zip(rollout.versions, rollout.mask)]
+
+
 def _reduce_metrics(row: dict[str, Metric]) -> dict:
     """One step's metrics merged over processes, each by the reduction it was declared
     with where it was computed (mmrl.distributed.reduce); returns plain numbers."""
@@ -285,7 +254,10 @@ def _reduce_metrics(row: dict[str, Metric]) -> dict:
 def train(cfg: Config) -> str:
     """Run training to `cfg.max_steps`; returns the run directory."""
     run = setup(cfg)
-    run.fit()
+    try:
+        run.fit()
+    finally:
+        run.generator.close()
     # every rank arrives before the process group goes: rank 0 writes the summary after the last step, and a
     # rank that destroys its group and exits meanwhile sometimes aborts in gloo ("terminate called ...")
     run.accelerator.wait_for_everyone()

@@ -48,10 +48,11 @@ def write_strip(path: str, images: list, captions: list[str], side: int = 112) -
 
 
 def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[str],
-                  advantages: torch.Tensor | None = None, totals: torch.Tensor | None = None) -> None:
+                  advantages: torch.Tensor | None = None, totals: torch.Tensor | None = None,
+                  versions: list[list[int]] | None = None) -> None:
     """One JSON line per sample: id, prompt, output (an image's PNG path), answer, each reward's score
     [M, K] by label, the record's `task` when it has one, and optionally the weighted total reward [M]
-    (`reward`) and the advantage [M]."""
+    (`reward`), the advantage [M] and the policy version that produced each of its actions (`versions`)."""
     image_dir = os.path.splitext(path)[0]
     with open(path, "w", encoding="utf-8") as f:
         for i, s in enumerate(samples):
@@ -65,6 +66,8 @@ def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[s
                 row["reward"] = None if math.isnan(float(totals[i])) else float(totals[i])
             if advantages is not None:
                 row["advantage"] = float(advantages[i])
+            if versions is not None:
+                row["versions"] = versions[i]
             f.write(json.dumps(row, default=repr) + "\n")
     images = [s.output for s in samples if hasattr(s.output, "save")]
     if images and len(images) == len(samples):

@@ -1,0 +1,120 @@
+"""The `asynchronous:` config section, its load-time checks and the staleness rules (`on_stale`).
+
+Versions. The learner's weights after k updates are version k; the batch the learner trains at step s is
+trained by version s. A rollout records, per action, the version of the weights that produced it
+(`Rollout.versions`); an action's staleness is s - its version. `max_staleness` (eta) bounds it:
+
+    eta = 0   every trained action comes from the weights being trained (on-policy; with one rollout
+              worker the run trains exactly what the synchronous trainer trains)
+    eta = k   no trained action is more than k versions old
+
+How the bound is kept (`on_stale`, the `STALENESS` registry; one `StalenessRule` per entry):
+
+    pace   the controller starts the rollouts of plan p (the p-th step batch) only once the learner has
+           reached version p - eta, so plan p, trained at step p, is never too old and no finished sample is
+           discarded; generators idle when they are eta versions ahead
+    drop   generators start a plan whenever one is free (with the newest weights they have); a finished
+           batch older than the bound when the learner reaches it is discarded whole
+           (async/dropped_groups) and the learner takes the next
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from mmrl.errors import ConfigError
+from mmrl.registry import Registry
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    """The `asynchronous` section: rollout workers on Ray beside the learner (mmrl/loop/asynchronous/)."""
+
+    enabled: bool = False                  # false: the synchronous trainer (generate, then update, in one process)
+    address: Optional[str] = None          # Ray cluster: null starts one on this machine; auto joins `ray start`'s
+    rollout_workers: int = 1               # Ray actors that each hold a policy copy and sample step batches
+    cpus_per_worker: float = 1.0           # Ray resources of each rollout worker
+    gpus_per_worker: float = 0.0
+    max_staleness: int = 0                 # eta: no trained action is more than eta policy versions old
+    on_stale: str = "pace"                 # pace (start no plan that would break the bound) | drop (discard stale batches)
+    timeout_s: float = 600.0               # longest wait for a rollout worker's batch before the run stops with an error
+
+
+@dataclass(frozen=True)
+class StalenessRule:
+    """How the controller keeps the bound eta.
+
+    start(plan, version, eta, queued) -> bool: may plan `plan` start now, with the learner at `version` and
+                                            `queued` finished or running plans not yet trained?
+    keep(batch_version, step, eta) -> bool:   is a finished batch sampled by `batch_version` trained at
+                                            `step` (False: it is discarded)?
+    """
+
+    start: Callable[[int, int, int, int], bool]
+    keep: Callable[[int, int, int], bool]
+
+
+STALENESS: Registry = Registry("staleness rule")
+
+
+def _within(batch_version: int, step: int, eta: int) -> bool:
+    return step - batch_version <= eta
+
+
+STALENESS.register("pace")(StalenessRule(
+    start=lambda plan, version, eta, queued: plan <= version + eta,
+    keep=_within,
+))
+# drop: a free generator always starts the next plan (at most one finished batch queued per worker)
+STALENESS.register("drop")(StalenessRule(
+    start=lambda plan, version, eta, queued: True,
+    keep=_within,
+))
+
+
+def check(cfg) -> None:
+    """Load-time checks of the `asynchronous` section and of what it cannot combine with yet (ConfigError)."""
+    a = cfg.asynchronous
+    if not a.enabled:
+        return
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("config key 'asynchronous.enabled' is true, but Ray is not installed: "
+                          "pip install -e \".[ray]\" (or set asynchronous.enabled=false)")
+    for key, low in (("rollout_workers", 1), ("max_staleness", 0)):
+        if getattr(a, key) < low:
+            raise ConfigError(f"config key 'asynchronous.{key}' must be >= {low}, got {getattr(a, key)}")
+    for key in ("cpus_per_worker", "gpus_per_worker"):
+        if getattr(a, key) < 0:
+            raise ConfigError(f"config key 'asynchronous.{key}' must be >= 0, got {getattr(a, key)}")
+    if not a.timeout_s > 0:
+        raise ConfigError(f"config key 'asynchronous.timeout_s' must be > 0, got {a.timeout_s}")
+    try:
+        STALENESS.check(a.on_stale, "asynchronous.on_stale")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if a.address not in (None, "auto") and ":" not in str(a.address):
+        raise ConfigError(f"config key 'asynchronous.address' must be null (a cluster on this machine), auto "
+                          f"(the cluster `ray start` runs here) or host:port, got {a.address!r}")
+    _check_combinations(cfg)
+
+
+def _check_combinations(cfg) -> None:
+    """What the asynchronous trainer does not run (yet): each refused with the key to change."""
+    from mmrl.algorithms.filtering import RESAMPLING
+
+    algo = cfg.algo
+    refused = {
+        "algo.objective": (algo.objective == "nft", "nft (DiffusionNFT samples with its own old-policy copy, "
+                           "which the rollout workers do not hold yet)"),
+        "algo.filter.name": (algo.filter.name in RESAMPLING, f"{algo.filter.name} (its resampling rounds draw "
+                             "prompts in order inside one step; use starpo or none)"),
+        "distributed.strategy": (cfg.distributed.strategy == "fsdp", "fsdp (the learner runs in one process "
+                                 "in this version; sharding it needs several)"),
+        "policy.backend": (getattr(cfg.policy, "backend", "hf") == "vllm",
+                           "vllm (each rollout worker would need its own engine and weight push; use hf)"),
+    }
+    for key, (bad, why) in refused.items():
+        if bad:
+            raise ConfigError(f"config key '{key}' is {why}: not supported with asynchronous.enabled=true")

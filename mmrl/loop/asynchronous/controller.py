@@ -1,0 +1,249 @@
+"""`Controller`: the generating role of an asynchronous run, driving rollout workers on Ray.
+
+The trainer's step loop (`mmrl.loop.trainer.Run.fit`) is the same for both modes: each step it asks its generator
+for the step's batch (`next_batch(step)`), the learner updates on it, and the generator receives the new version
+(`receive(version)`). Here the generator is a controller:
+
+    plan p        the p-th step batch: its prompts drawn from the run's `PromptSampler` in plan order, its
+                  sampling seeds from (run seed, p, position); with no batch discarded, plan p is trained at step p
+    next_batch    hands plans to idle workers while the staleness rule allows (`mmrl.config.asynchronous`), then
+                  waits for the oldest plan not yet trained; a batch the rule refuses is discarded and the next
+                  plan taken. Workers keep sampling while the learner updates: that overlap is the gain.
+    receive       records the learner's new version; its weights are put in Ray's object store once, when a plan
+                  is next handed to a worker that holds an older version
+
+Checkpoints hold the sampler's state before the oldest plan not yet trained (and that plan's number), so a resumed
+run samples the unfinished plans again from their seeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from mmrl.config.asynchronous import STALENESS, AsyncConfig
+from mmrl.distributed.reduce import maximum, mean, summed
+from mmrl.errors import ConfigError
+
+log = logging.getLogger("mmrl")
+
+
+@dataclass
+class _Running:
+    worker: int
+    plan: int
+    started: float
+
+
+@dataclass
+class _Clock:
+    """Busy intervals of the workers and the learner's waits, for the idle fractions of each step."""
+
+    window_start: float = field(default_factory=time.perf_counter)
+    busy: float = 0.0            # worker-seconds busy inside the current window
+    learner_wait: float = 0.0
+
+
+class Controller:
+    """Plans step batches, hands them to rollout workers under the staleness bound, pushes weights.
+
+    section:      the `asynchronous` config section.
+    workers:      Ray actor handles of `mmrl.loop.asynchronous.worker.RolloutWorker`.
+    local:        the driver's `mmrl.loop.collect.Generator`: its `PromptSampler` (what the synchronous trainer
+                  draws from), its reward set (labels) and records; it samples nothing here.
+    params:       the learner's trainable parameters (pushed to the workers after each update).
+    prompts_per_step, group_size, max_steps: the run's sizes.
+    owns_ray:     this run started Ray (`close` shuts it down).
+    """
+
+    def __init__(self, *, section: AsyncConfig, workers: list, local, params: list, prompts_per_step: int,
+                 group_size: int, max_steps: int, owns_ray: bool = False):
+        self.section, self.workers, self.sampler, self.params = section, workers, local.sampler, params
+        self.rewards, self.records, self.owns_ray = local.rewards, local.records, owns_ray
+        self.prompts_per_step, self.group_size, self.max_steps = prompts_per_step, group_size, max_steps
+        self.rule = STALENESS.resolve(section.on_stale, "asynchronous.on_stale")
+        self.version = 0
+        self.next_plan = 0                     # the next plan to hand out
+        self.next_train = 0                    # the oldest plan not yet trained (or discarded)
+        self.dropped_plans = 0
+        self._snapshots: dict[int, dict] = {}  # plan -> sampler state before its prompts were drawn
+        self._running: dict = {}               # Ray object ref -> _Running
+        self._finished: dict[int, tuple] = {}  # plan -> (batch, info)
+        self._idle = list(range(len(workers)))
+        self._weights: tuple[int, object] | None = None   # (version, object ref) last put
+        self._worker_version = [-1] * len(workers)
+        self._clock = _Clock()
+        self._sync_s = 0.0
+
+    # --- the generator interface of Run.fit ---------------------------------------------------------------
+    def receive(self, version: int) -> None:
+        self.version = version
+
+    def next_batch(self, step: int):
+        t0 = time.perf_counter()
+        dropped_groups = 0
+        while True:
+            self._hand_out()
+            plan = self.next_train
+            if plan not in self._finished:
+                self._wait_for(plan)
+                continue
+            batch, info = self._finished.pop(plan)
+            self.next_train += 1
+            self._snapshots.pop(plan, None)
+            if self.rule.keep(batch.version, step, self.section.max_staleness):
+                break
+            dropped_groups += len(batch.rollout) // max(1, self.group_size)
+            self.dropped_plans += 1
+            log.info("async: plan %d (version %d) is too old for step %d; discarded", plan, batch.version, step)
+        self._hand_out()                        # the workers sample on while the learner updates
+        wait = time.perf_counter() - t0
+        return replace(batch, metrics={**batch.metrics, **self._metrics(batch, step, wait, dropped_groups, info)})
+
+    def state_dict(self) -> dict:
+        plan = self.next_train
+        sampler = self._snapshots.get(plan, self.sampler.state_dict())
+        return {"sampler": dict(sampler), "async_plan": plan}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint's state; one written by the synchronous trainer continues at its step's plan."""
+        self.sampler.load_state_dict(state["sampler"])
+        self.next_plan = self.next_train = int(state.get("async_plan", state.get("step", 0)))
+
+    def close(self) -> None:
+        """Stop the workers (and Ray, where this run started it)."""
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []
+        if self.owns_ray:
+            ray.shutdown()
+
+    # --- handing out plans ---------------------------------------------------------------------------------
+    def _needed(self) -> int:
+        """Plans the run can still train: one per remaining step, more for each discarded one."""
+        return self.max_steps + self.dropped_plans
+
+    def _hand_out(self) -> None:
+        eta, limit = self.section.max_staleness, len(self.workers) + self.section.max_staleness
+        while self._idle and self.next_plan < self._needed():
+            queued = self.next_plan - self.next_train
+            if queued >= limit or not self.rule.start(self.next_plan, self.version, eta, queued):
+                return
+            self._start(self._idle.pop(0), self.next_plan)
+            self.next_plan += 1
+
+    def _start(self, worker: int, plan: int) -> None:
+        self._snapshots[plan] = self.sampler.state_dict()
+        indices = self.sampler.take(self.prompts_per_step)
+        weights = None
+        if self._worker_version[worker] != self.version:
+            weights = self._weights_ref()
+            self._worker_version[worker] = self.version
+        ref = self.workers[worker].generate.remote(plan, indices, self.version, weights)
+        self._running[ref] = _Running(worker, plan, time.perf_counter())
+
+    def _weights_ref(self):
+        import ray
+
+        if self._weights is None or self._weights[0] != self.version:
+            t0 = time.perf_counter()
+            tensors = [p.detach().to("cpu", copy=True) for p in self.params]
+            self._weights = (self.version, ray.put(tensors))
+            self._sync_s += time.perf_counter() - t0
+        return self._weights[1]
+
+    def _wait_for(self, plan: int) -> None:
+        """Block until a running plan finishes (any: the workers are freed as they finish)."""
+        import ray
+
+        if not self._running:
+            raise RuntimeError(f"async: plan {plan} is neither running nor finished (version {self.version}, "
+                               f"next plan {self.next_plan}); the staleness rule admitted no plan")
+        t0 = time.perf_counter()
+        done, _ = ray.wait(list(self._running), num_returns=1, timeout=self.section.timeout_s)
+        self._clock.learner_wait += time.perf_counter() - t0
+        if not done:
+            late = ", ".join(f"worker {r.worker} (plan {r.plan})" for r in self._running.values())
+            raise RuntimeError(f"async: no rollout worker returned a batch within asynchronous.timeout_s="
+                               f"{self.section.timeout_s} s; still running: {late}")
+        ref = done[0]
+        running = self._running.pop(ref)
+        try:
+            batch, info = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeError(f"async: rollout worker {running.worker} died sampling plan {running.plan}: {e}") from None
+        now = time.perf_counter()
+        self._clock.busy += now - max(running.started, self._clock.window_start)
+        self._finished[running.plan] = (batch, info)
+        self._idle.append(running.worker)
+        self._idle.sort()
+
+    # --- metrics -------------------------------------------------------------------------------------------
+    def _metrics(self, batch, step: int, wait: float, dropped_groups: int, info: dict) -> dict:
+        ro = batch.rollout
+        mask = ro.mask.bool()
+        age = (step - ro.versions)[mask].float() if ro.versions is not None and mask.any() else torch.zeros(1)
+        now = time.perf_counter()
+        window = max(now - self._clock.window_start, 1e-9)
+        busy = self._clock.busy + sum(now - max(r.started, self._clock.window_start) for r in self._running.values())
+        n = len(self.workers)
+        out = {
+            "async/staleness/mean": mean(float(age.mean())),
+            "async/staleness/max": maximum(float(age.max())),
+            "async/dropped_groups": summed(dropped_groups),
+            "async/learner_idle_frac": mean(min(1.0, self._clock.learner_wait / window)),
+            "async/generator_idle_frac": mean(max(0.0, 1.0 - busy / (n * window))),
+            "async/weight_sync_s": mean(self._sync_s + float(info.get("load_s", 0.0))),
+            "async/version": mean(float(batch.version)),
+        }
+        self._clock, self._sync_s = _Clock(window_start=now), 0.0
+        return out
+
+
+def start(cfg, local, params) -> Controller:
+    """Ray up (this machine, or the cluster at asynchronous.address), the rollout workers built (each loads the
+    config and builds its policy), checked against the cluster's resources first."""
+    import ray
+
+    from mmrl.config import to_yaml
+
+    a = cfg.asynchronous
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        ray.init(address=a.address, include_dashboard=False, logging_level=logging.WARNING,
+                 log_to_driver=True, configure_logging=False)
+    have = ray.cluster_resources()
+    for key, per, resource in (("cpus_per_worker", a.cpus_per_worker, "CPU"),
+                               ("gpus_per_worker", a.gpus_per_worker, "GPU")):
+        need = per * a.rollout_workers
+        if need > have.get(resource, 0.0) + 1e-9:
+            raise ConfigError(f"config keys 'asynchronous.rollout_workers' ({a.rollout_workers}) x "
+                              f"'asynchronous.{key}' ({per}) need {need:g} {resource}s; the Ray cluster has "
+                              f"{have.get(resource, 0.0):g}")
+    from mmrl.loop.asynchronous.worker import RolloutWorker
+
+    actor = ray.remote(num_cpus=a.cpus_per_worker, num_gpus=a.gpus_per_worker, max_restarts=0)(RolloutWorker)
+    text = to_yaml(cfg)
+    threads = max(1, int(a.cpus_per_worker))
+    # deferred log-probs are the first training forward's own values: right only for on-policy batches
+    behaviour = a.max_staleness > 0 or cfg.algo.objective == "decoupled"
+    if a.max_staleness > 0 and cfg.algo.objective == "pg":
+        log.warning("asynchronous.max_staleness=%d with algo.objective=pg clips around the stale behaviour policy; "
+                    "algo.objective=decoupled anchors the clip at the current weights and weights each action by "
+                    "pi_prox / pi_behav (AReaL, arXiv 2505.24298)", a.max_staleness)
+    workers = [actor.remote(text, i, cwd=os.getcwd(), behaviour=behaviour, threads=threads)
+               for i in range(a.rollout_workers)]
+    try:
+        ray.get([w.ready.remote() for w in workers], timeout=a.timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(f"async: the {a.rollout_workers} rollout workers were not built within "
+                           f"asynchronous.timeout_s={a.timeout_s} s (does the cluster have the resources?)") from None
+    return Controller(section=a, workers=workers, local=local, params=params,
+                      prompts_per_step=cfg.train.prompts_per_step, group_size=cfg.train.group_size,
+                      max_steps=cfg.max_steps, owns_ray=owns_ray)

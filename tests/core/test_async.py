@@ -1,0 +1,202 @@
+"""Asynchronous training on Ray (mmrl/loop/asynchronous): the config section and staleness rules (unit), and runs on a
+local Ray cluster of 2 CPUs started once for the module (integration): eta = 0 with one rollout worker trains
+exactly what the synchronous trainer trains (VLM and diffusion), eta = k bounds every trained action's age, `drop`
+discards, a resumed run continues the unbroken one, and the CLI runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests import BANDIT, REPO
+
+
+# --- unit: the section's checks and the rules ---------------------------------------------------------------
+def _load(*overrides: str, path: str = BANDIT):
+    from mmrl.config import load_config
+
+    return load_config(path, list(overrides))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("asynchronous.max_staleness=-1", "'asynchronous.max_staleness' must be >= 0"),
+    ("asynchronous.rollout_workers=0", "'asynchronous.rollout_workers' must be >= 1"),
+    ("asynchronous.cpus_per_worker=-1", "'asynchronous.cpus_per_worker' must be >= 0"),
+    ("asynchronous.timeout_s=0", "'asynchronous.timeout_s' must be > 0"),
+    ("asynchronous.on_stale=skip", "drop, pace"),
+    ("asynchronous.address=somewhere", "'asynchronous.address' must be null"),
+    ("algo.filter.name=dynamic", "'algo.filter.name' is dynamic"),
+    ("distributed.strategy=fsdp", "'distributed.strategy' is fsdp"),
+])
+def test_the_section_is_checked_at_load(override, message):
+    from mmrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        _load("asynchronous.enabled=true", override)
+
+
+def test_the_section_is_not_checked_when_off():
+    cfg = _load("asynchronous.max_staleness=-1")       # enabled=false: the synchronous trainer ignores it
+    assert cfg.asynchronous.enabled is False
+
+
+def test_a_missing_ray_is_a_config_error_naming_the_extra(monkeypatch):
+    from mmrl.config import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"Ray is not installed: pip install -e \"\.\[ray\]\""):
+        _load("asynchronous.enabled=true")
+
+
+# (plan, learner version, eta, queued) -> may the plan start; (batch version, step, eta) -> is it trained
+@pytest.mark.parametrize("rule, start_cases, keep_cases", [
+    ("pace", [((3, 3, 0, 0), True), ((4, 3, 0, 1), False), ((5, 3, 2, 2), True), ((6, 3, 2, 3), False)],
+     [((3, 3, 0), True), ((1, 3, 2), True), ((0, 3, 2), False)]),
+    ("drop", [((4, 3, 0, 1), True), ((9, 0, 0, 9), True)],
+     [((3, 3, 0), True), ((2, 3, 0), False), ((1, 3, 2), True), ((0, 3, 2), False)]),
+])
+def test_staleness_rules(rule, start_cases, keep_cases):
+    from mmrl.config.asynchronous import STALENESS
+
+    entry = STALENESS.resolve(rule, "asynchronous.on_stale")
+    for args, expected in start_cases:
+        assert entry.start(*args) is expected, (rule, args)
+    for args, expected in keep_cases:
+        assert entry.keep(*args) is expected, (rule, args)
+
+
+# --- integration: runs on a local Ray cluster -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+def _train(config: str, out_dir, *overrides: str) -> str:
+    from mmrl.loop.trainer import train
+
+    return train(_load(f"output_dir={out_dir}", "logging.progress=false", *overrides, path=config))
+
+
+def _rows(run_dir) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/", "async/"))} for r in rows]
+
+
+def _samples(run_dir) -> dict:
+    """Every samples file's rows, an image output replaced by its pixels."""
+    folder = os.path.join(run_dir, "samples")
+    out = {}
+    for name in sorted(f for f in os.listdir(folder) if f.endswith(".jsonl")):
+        rows = [json.loads(line) for line in open(os.path.join(folder, name))]
+        for r in rows:
+            path = os.path.join(folder, str(r["output"]))
+            if str(r["output"]).endswith(".png") and os.path.exists(path):
+                r["output"] = np.asarray(Image.open(path)).tobytes()
+        out[name] = rows
+    return out
+
+
+def _weights(run_dir) -> dict:
+    from safetensors.torch import load_file
+
+    ckpts = os.path.join(run_dir, "checkpoints")
+    last = sorted(d for d in os.listdir(ckpts) if d.startswith("step_"))[-1]
+    return load_file(os.path.join(ckpts, last, "policy.safetensors"))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["vlm_tiny", "sd3_tiny"])
+def test_eta_0_with_one_worker_trains_what_the_synchronous_trainer_trains(ray_cluster, tmp_path, config):
+    """Samples (outputs, image pixels, scores, advantages), rewards, loss and grad_norm of 3 steps, and the final
+    weights: the same bits as the synchronous trainer's."""
+    path = os.path.join(REPO, "configs", "tiny", f"{config}.yaml")
+    common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0")
+    sync = _train(path, tmp_path / "sync", *common)
+    run = _train(path, tmp_path / "async", *common, "asynchronous.enabled=true", "asynchronous.cpus_per_worker=2")
+    assert _rows(run) == _rows(sync)
+    assert [r["grad_norm"] for r in _rows(run)] != [0.0] * 3                    # something was trained
+    samples = _samples(run)
+    assert samples == _samples(sync) and len(samples) == 3
+    assert {v for rows in samples.values() for r in rows for v in r["versions"]} == {0, 1, 2}
+    ours, theirs = _weights(run), _weights(sync)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def _versions(run_dir) -> list[tuple[int, list[int]]]:
+    """(training step, every trained action's version) per samples file."""
+    folder = os.path.join(run_dir, "samples")
+    out = []
+    for name in sorted(f for f in os.listdir(folder) if f.startswith("step_")):
+        step = int(name[len("step_"):-len(".jsonl")]) - 1                      # file step_k: trained at step k-1
+        out.append((step, [v for line in open(os.path.join(folder, name)) for v in json.loads(line)["versions"]]))
+    return out
+
+
+@pytest.mark.integration
+def test_eta_2_with_two_workers_trains_no_action_older_than_2_and_pace_drops_none(ray_cluster, tmp_path, train_rows):
+    run = _train(BANDIT, tmp_path / "run", "max_steps=12", "logging.save_samples_every=1", "eval.every=0",
+                 "asynchronous.enabled=true", "asynchronous.rollout_workers=2", "asynchronous.max_staleness=2")
+    ages = [step - v for step, versions in _versions(run) for v in versions]
+    assert len(_versions(run)) == 12 and min(ages) >= 0
+    assert max(ages) <= 2
+    assert max(ages) >= 1            # the workers sampled ahead of the learner (else the bound tested nothing)
+    rows = train_rows(run)
+    assert sum(r["async/dropped_groups"] for r in rows) == 0
+    assert max(r["async/staleness/max"] for r in rows) == max(ages)
+    assert rows[-1]["reward/mean"] > rows[0]["reward/mean"]                      # it still learns
+
+
+@pytest.mark.integration
+def test_drop_discards_batches_older_than_the_bound(ray_cluster, tmp_path, train_rows):
+    """eta = 0 with two workers: the second worker's batches, sampled while the learner updated, are one version
+    old when their turn comes, so some are discarded, and every trained action is from the trained weights."""
+    run = _train(BANDIT, tmp_path / "run", "max_steps=6", "logging.save_samples_every=1", "eval.every=0",
+                 "asynchronous.enabled=true", "asynchronous.rollout_workers=2", "asynchronous.on_stale=drop")
+    assert all(v == step for step, versions in _versions(run) for v in versions)
+    rows = train_rows(run)
+    assert len(rows) == 6 and sum(r["async/dropped_groups"] for r in rows) > 0
+
+
+@pytest.mark.integration
+def test_a_resumed_asynchronous_run_continues_the_unbroken_one(ray_cluster, tmp_path):
+    common = ("eval.every=0", "checkpoint.every=2", "asynchronous.enabled=true")
+    unbroken = _train(BANDIT, tmp_path / "unbroken", "max_steps=6", *common)
+    _train(BANDIT, tmp_path / "parts", "max_steps=4", *common)
+    resumed = _train(BANDIT, tmp_path / "parts", "max_steps=6", "resume=auto", *common)
+    assert _rows(resumed) == _rows(unbroken)
+    with open(os.path.join(resumed, "checkpoints", "step_000006", "state.json")) as f:
+        assert json.load(f)["async_plan"] == 6
+
+
+@pytest.mark.integration
+def test_more_workers_than_the_cluster_holds_is_a_config_error(ray_cluster, tmp_path):
+    from mmrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'asynchronous.rollout_workers' \(3\) x 'asynchronous.cpus_per_worker' "
+                                          r"\(1.0\) need 3 CPUs; the Ray cluster has 2"):
+        _train(BANDIT, tmp_path / "run", "asynchronous.enabled=true", "asynchronous.rollout_workers=3")
+
+
+@pytest.mark.integration
+def test_cli_trains_asynchronously(tmp_path, mmrl_cmd, train_rows):
+    out = tmp_path / "run"
+    done = subprocess.run(mmrl_cmd("train", BANDIT, f"output_dir={out}", "max_steps=3", "eval.every=0",
+                                   "asynchronous.enabled=true", "asynchronous.max_staleness=1"),
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = train_rows(out)
+    assert len(rows) == 3 and all("async/staleness/max" in r for r in rows)
+    assert max(r["async/staleness/max"] for r in rows) <= 1
