@@ -40,6 +40,7 @@ class AsyncConfig:
     max_staleness: int = 0                 # eta: no trained action is more than eta policy versions old
     on_stale: str = "pace"                 # pace (start no plan that would break the bound) | drop (discard stale batches)
     timeout_s: float = 600.0               # longest wait for a rollout worker's batch before the run stops with an error
+    max_restarts: int = 3                  # a rollout worker that dies (killed, OOM, a crash) is restarted by Ray this many times; its plan is sampled again from its seeds
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def check(cfg) -> None:
     if importlib.util.find_spec("ray") is None:
         raise ConfigError("config key 'asynchronous.enabled' is true, but Ray is not installed: "
                           "pip install -e \".[ray]\" (or set asynchronous.enabled=false)")
-    for key, low in (("rollout_workers", 1), ("max_staleness", 0)):
+    for key, low in (("rollout_workers", 1), ("max_staleness", 0), ("max_restarts", 0)):
         if getattr(a, key) < low:
             raise ConfigError(f"config key 'asynchronous.{key}' must be >= {low}, got {getattr(a, key)}")
     for key in ("cpus_per_worker", "gpus_per_worker"):

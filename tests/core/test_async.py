@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -179,6 +181,54 @@ def test_a_resumed_asynchronous_run_continues_the_unbroken_one(ray_cluster, tmp_
     assert _rows(resumed) == _rows(unbroken)
     with open(os.path.join(resumed, "checkpoints", "step_000006", "state.json")) as f:
         assert json.load(f)["async_plan"] == 6
+
+
+@pytest.mark.integration
+def test_a_killed_rollout_worker_is_restarted_and_its_plan_sampled_again(ray_cluster, tmp_path, train_rows):
+    """A worker SIGKILLs itself while scoring plan 2 (tests/core/dying_reward.py); Ray restarts it and sends the
+    plan again, so the run trains every plan exactly once: the same rows and samples as the synchronous run."""
+    marker = tmp_path / "died"
+    reward = (f"rewards=[{{name: '{os.path.join(REPO, 'tests', 'core', 'dying_reward.py')}:match_or_die', "
+              f"label: match, marker: '{marker}', driver_pid: {os.getpid()}, die_on_call: 3}}]")
+    common = ("max_steps=5", "eval.every=0", "logging.save_samples_every=1", reward)
+    sync = _train(BANDIT, tmp_path / "sync", *common)
+    run = _train(BANDIT, tmp_path / "async", *common, "asynchronous.enabled=true")
+    assert marker.exists()                                      # the worker did die
+    assert _rows(run) == _rows(sync)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "versions"} for r in rows]   # noqa: E731
+    assert [strip(rows) for rows in _samples(run).values()] == [strip(rows) for rows in _samples(sync).values()]
+    assert train_rows(run)[-1]["async/worker_restarts"] == 1
+
+
+def _latest_step(run_dir) -> int:
+    try:
+        with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
+            return int(f.read().strip().split("_")[1])
+    except (FileNotFoundError, ValueError, IndexError):
+        return 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_killed_driver_resumes_with_resume_auto(tmp_path, mmrl_cmd):
+    """SIGKILL of `mmrl train` (the learner and controller) after its step-4 checkpoint; `resume=auto` samples
+    the plans not yet trained again and ends where an unbroken run ends (eta = 0: the synchronous run's rows)."""
+    common = ("max_steps=12", "checkpoint.every=4", "eval.every=0", "policy.sleep_s=0.05")
+    run = tmp_path / "run"
+    command = mmrl_cmd("train", BANDIT, f"output_dir={run}", *common, "asynchronous.enabled=true")
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
+        deadline = time.time() + 180
+        while _latest_step(run) < 4 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be killed: " + (tmp_path / "first.log").read_text()[-2000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert 4 <= _latest_step(run) < 12
+    done = subprocess.run(command + ["resume=auto"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sync = _train(BANDIT, tmp_path / "sync", *common)
+    assert _rows(run) == _rows(sync)
 
 
 @pytest.mark.integration

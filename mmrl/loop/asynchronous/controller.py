@@ -75,7 +75,7 @@ class Controller:
         self._finished: dict[int, tuple] = {}  # plan -> (batch, info)
         self._idle = list(range(len(workers)))
         self._weights: tuple[int, object] | None = None   # (version, object ref) last put
-        self._worker_version = [-1] * len(workers)
+        self.restarts = 0                      # rollout workers Ray restarted (their plans sampled again)
         self._clock = _Clock()
         self._sync_s = 0.0
 
@@ -141,11 +141,8 @@ class Controller:
     def _start(self, worker: int, plan: int) -> None:
         self._snapshots[plan] = self.sampler.state_dict()
         indices = self.sampler.take(self.prompts_per_step)
-        weights = None
-        if self._worker_version[worker] != self.version:
-            weights = self._weights_ref()
-            self._worker_version[worker] = self.version
-        ref = self.workers[worker].generate.remote(plan, indices, self.version, weights)
+        # the ref travels in a list, so the worker fetches the tensors only when it lacks this version
+        ref = self.workers[worker].generate.remote(plan, indices, self.version, [self._weights_ref()])
         self._running[ref] = _Running(worker, plan, time.perf_counter())
 
     def _weights_ref(self):
@@ -177,9 +174,14 @@ class Controller:
         try:
             batch, info = ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"async: rollout worker {running.worker} died sampling plan {running.plan}: {e}") from None
+            raise RuntimeError(f"async: rollout worker {running.worker} died sampling plan {running.plan} after "
+                               f"asynchronous.max_restarts={self.section.max_restarts} restarts: {e}") from None
         now = time.perf_counter()
         self._clock.busy += now - max(running.started, self._clock.window_start)
+        if info.get("restarted"):
+            self.restarts += 1
+            log.warning("async: rollout worker %d was restarted; plan %d was sampled again from its seeds",
+                        running.worker, running.plan)
         self._finished[running.plan] = (batch, info)
         self._idle.append(running.worker)
         self._idle.sort()
@@ -201,6 +203,7 @@ class Controller:
             "async/generator_idle_frac": mean(max(0.0, 1.0 - busy / (n * window))),
             "async/weight_sync_s": mean(self._sync_s + float(info.get("load_s", 0.0))),
             "async/version": mean(float(batch.version)),
+            "async/worker_restarts": summed(self.restarts),
         }
         self._clock, self._sync_s = _Clock(window_start=now), 0.0
         return out
@@ -228,7 +231,9 @@ def start(cfg, local, params) -> Controller:
                               f"{have.get(resource, 0.0):g}")
     from mmrl.loop.asynchronous.worker import RolloutWorker
 
-    actor = ray.remote(num_cpus=a.cpus_per_worker, num_gpus=a.gpus_per_worker, max_restarts=0)(RolloutWorker)
+    # a worker that dies is rebuilt and its running call sent again: the plan is sampled again from its seeds
+    actor = ray.remote(num_cpus=a.cpus_per_worker, num_gpus=a.gpus_per_worker, max_restarts=a.max_restarts,
+                       max_task_retries=a.max_restarts)(RolloutWorker)
     text = to_yaml(cfg)
     threads = max(1, int(a.cpus_per_worker))
     # deferred log-probs are the first training forward's own values: right only for on-policy batches

@@ -78,6 +78,7 @@ class RolloutWorker:
                                    seed=cfg.seed, train=cfg.train, algo=cfg.algo, episodes=cfg.env is not None,
                                    process_index=0, prompts_per_process=cfg.train.prompts_per_step)
         self.version = -1                                              # no weights loaded yet
+        self.first_call = True
 
     def ready(self) -> int:
         return self.index
@@ -95,21 +96,23 @@ class RolloutWorker:
         self.version = version
         self.generator.receive(version)
 
-    def generate(self, plan: int, indices: list[int], version: int, weights: list | None):
-        """The `StepBatch` of plan `plan` over the records `indices`, sampled by version `version` (its weights
-        sent when newer than this worker's); returns (batch, {"busy_s", "load_s"})."""
+    def generate(self, plan: int, indices: list[int], version: int, weights: list):
+        """The `StepBatch` of plan `plan` over the records `indices`, sampled by version `version`, whose
+        trainable tensors are the object `weights[0]` (a Ray object ref, in a list so that Ray does not fetch it:
+        it is fetched only when this worker holds another version, e.g. after Ray restarted it); returns
+        (batch, {"busy_s", "load_s", "restarted"})."""
+        import ray
+
         t0 = time.perf_counter()
-        if weights is not None and version != self.version:
-            self._load(version, weights)
-        if self.version != version:
-            raise RuntimeError(f"rollout worker {self.index} holds version {self.version}; plan {plan} was "
-                               f"handed to it for version {version} without those weights")
+        if version != self.version:
+            self._load(version, ray.get(weights[0]))
         t1 = time.perf_counter()
+        restarted, self.first_call = self.first_call and ray.get_runtime_context().was_current_actor_reconstructed, False
         self.generator.sampler.indices = list(indices)
         batch = self.generator.next_batch(plan)
         if self.behaviour and batch.rollout.log_probs is None and len(batch.rollout):
             batch = replace(batch, rollout=replace(batch.rollout, log_probs=self._behaviour_log_probs(batch.rollout)))
-        return batch, {"busy_s": time.perf_counter() - t0, "load_s": t1 - t0}
+        return batch, {"busy_s": time.perf_counter() - t0, "load_s": t1 - t0, "restarted": restarted}
 
     def _behaviour_log_probs(self, rollout) -> torch.Tensor:
         """[N, T] log-probs of the sampled actions under this worker's weights (the forward training uses)."""
