@@ -21,8 +21,8 @@ How the bound is kept (`on_stale`, the `STALENESS` registry; one `StalenessRule`
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
 
 from mmrl.errors import ConfigError
 from mmrl.registry import Registry
@@ -37,6 +37,7 @@ class AsyncConfig:
     rollout_workers: int = 1               # Ray actors that each hold a policy copy and sample step batches
     cpus_per_worker: float = 1.0           # Ray resources of each rollout worker
     gpus_per_worker: float = 0.0
+    worker_resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources each worker needs, e.g. {rollout: 1} to place workers on nodes started with `ray start --resources '{"rollout": 4}'`
     max_staleness: int = 0                 # eta: no trained action is more than eta policy versions old
     on_stale: str = "pace"                 # pace (start no plan that would break the bound) | drop (discard stale batches)
     timeout_s: float = 600.0               # longest wait for a rollout worker's batch before the run stops with an error
@@ -89,6 +90,9 @@ def check(cfg) -> None:
     for key in ("cpus_per_worker", "gpus_per_worker"):
         if getattr(a, key) < 0:
             raise ConfigError(f"config key 'asynchronous.{key}' must be >= 0, got {getattr(a, key)}")
+    for name, amount in a.worker_resources.items():
+        if not isinstance(amount, (int, float)) or amount <= 0:
+            raise ConfigError(f"config key 'asynchronous.worker_resources.{name}' must be a number > 0, got {amount!r}")
     if not a.timeout_s > 0:
         raise ConfigError(f"config key 'asynchronous.timeout_s' must be > 0, got {a.timeout_s}")
     try:

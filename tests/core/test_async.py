@@ -34,6 +34,8 @@ def _load(*overrides: str, path: str = BANDIT):
     ("asynchronous.timeout_s=0", "'asynchronous.timeout_s' must be > 0"),
     ("asynchronous.on_stale=skip", "drop, pace"),
     ("asynchronous.address=somewhere", "'asynchronous.address' must be null"),
+    ("asynchronous.worker_resources={rollout: 0}", "'asynchronous.worker_resources.rollout' must be a number > 0"),
+    ("asynchronous.max_restarts=-1", "'asynchronous.max_restarts' must be >= 0"),
     ("algo.filter.name=dynamic", "'algo.filter.name' is dynamic"),
     ("distributed.strategy=fsdp", "'distributed.strategy' is fsdp"),
 ])

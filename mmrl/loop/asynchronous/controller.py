@@ -222,18 +222,21 @@ def start(cfg, local, params) -> Controller:
         ray.init(address=a.address, include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=True, configure_logging=False)
     have = ray.cluster_resources()
-    for key, per, resource in (("cpus_per_worker", a.cpus_per_worker, "CPU"),
-                               ("gpus_per_worker", a.gpus_per_worker, "GPU")):
+    custom = [(f"worker_resources.{name}", amount, name) for name, amount in a.worker_resources.items()]
+    for key, per, resource in [("cpus_per_worker", a.cpus_per_worker, "CPU"),
+                               ("gpus_per_worker", a.gpus_per_worker, "GPU"), *custom]:
         need = per * a.rollout_workers
         if need > have.get(resource, 0.0) + 1e-9:
+            if owns_ray:
+                ray.shutdown()
             raise ConfigError(f"config keys 'asynchronous.rollout_workers' ({a.rollout_workers}) x "
                               f"'asynchronous.{key}' ({per}) need {need:g} {resource}s; the Ray cluster has "
                               f"{have.get(resource, 0.0):g}")
     from mmrl.loop.asynchronous.worker import RolloutWorker
 
     # a worker that dies is rebuilt and its running call sent again: the plan is sampled again from its seeds
-    actor = ray.remote(num_cpus=a.cpus_per_worker, num_gpus=a.gpus_per_worker, max_restarts=a.max_restarts,
-                       max_task_retries=a.max_restarts)(RolloutWorker)
+    actor = ray.remote(num_cpus=a.cpus_per_worker, num_gpus=a.gpus_per_worker, resources=dict(a.worker_resources),
+                       max_restarts=a.max_restarts, max_task_retries=a.max_restarts)(RolloutWorker)
     text = to_yaml(cfg)
     threads = max(1, int(a.cpus_per_worker))
     # deferred log-probs are the first training forward's own values: right only for on-policy batches
@@ -245,10 +248,14 @@ def start(cfg, local, params) -> Controller:
     workers = [actor.remote(text, i, cwd=os.getcwd(), behaviour=behaviour, threads=threads)
                for i in range(a.rollout_workers)]
     try:
-        ray.get([w.ready.remote() for w in workers], timeout=a.timeout_s)
+        placed = ray.get([w.ready.remote() for w in workers], timeout=a.timeout_s)
     except ray.exceptions.GetTimeoutError:
         raise RuntimeError(f"async: the {a.rollout_workers} rollout workers were not built within "
                            f"asynchronous.timeout_s={a.timeout_s} s (does the cluster have the resources?)") from None
+    here = ray.get_runtime_context().get_node_id()
+    for p in placed:
+        where = "this node" if p["node"] == here else f"node {p['node'][:12]} ({p['ip']})"
+        print(f"mmrl: rollout worker {p['worker']} on {where}, pid {p['pid']}", flush=True)
     return Controller(section=a, workers=workers, local=local, params=params,
                       prompts_per_step=cfg.train.prompts_per_step, group_size=cfg.train.group_size,
                       max_steps=cfg.max_steps, owns_ray=owns_ray)

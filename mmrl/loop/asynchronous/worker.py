@@ -80,8 +80,13 @@ class RolloutWorker:
         self.version = -1                                              # no weights loaded yet
         self.first_call = True
 
-    def ready(self) -> int:
-        return self.index
+    def ready(self) -> dict:
+        """Where this worker runs: its index, Ray node id and ip, process id."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"worker": self.index, "node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid()}
 
     def _load(self, version: int, weights: list) -> None:
         if len(weights) != len(self.params):
@@ -107,7 +112,7 @@ class RolloutWorker:
         if version != self.version:
             self._load(version, ray.get(weights[0]))
         t1 = time.perf_counter()
-        restarted, self.first_call = self.first_call and ray.get_runtime_context().was_current_actor_reconstructed, False
+        restarted, self.first_call = self.first_call and _reconstructed(), False
         self.generator.sampler.indices = list(indices)
         batch = self.generator.next_batch(plan)
         if self.behaviour and batch.rollout.log_probs is None and len(batch.rollout):
@@ -119,3 +124,14 @@ class RolloutWorker:
         with torch.no_grad(), self.accelerator.autocast():
             idx = torch.arange(len(rollout)).split(self.samples_per_microbatch)
             return torch.cat([self.policy.log_probs(rollout, i).log_probs.float() for i in idx]).cpu()
+
+
+def _reconstructed() -> bool:
+    """Whether Ray rebuilt this actor after it died (Ray's own accessor warns about an API it uses inside)."""
+    import warnings
+
+    import ray
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
