@@ -186,6 +186,22 @@ def test_a_resumed_asynchronous_run_continues_the_unbroken_one(ray_cluster, tmp_
 
 
 @pytest.mark.integration
+def test_a_resumed_run_that_discarded_plans_trains_to_its_last_step(ray_cluster, tmp_path, train_rows):
+    """With drop, plan numbers run ahead of steps by the plans discarded; a resume continues both counts."""
+    common = ("eval.every=0", "checkpoint.every=2", "asynchronous.enabled=true", "asynchronous.rollout_workers=2",
+              "asynchronous.on_stale=drop")
+    _train(BANDIT, tmp_path / "run", "max_steps=4", *common)
+    with open(os.path.join(tmp_path / "run", "checkpoints", "step_000004", "state.json")) as f:
+        first = json.load(f)
+    assert first["async_plan"] == 4 + first["async_dropped_plans"] and first["async_dropped_plans"] > 0
+    run = _train(BANDIT, tmp_path / "run", "max_steps=6", "resume=auto", *common)
+    assert [r["step"] for r in train_rows(run)] == [1, 2, 3, 4, 5, 6]
+    with open(os.path.join(run, "checkpoints", "step_000006", "state.json")) as f:
+        last = json.load(f)
+    assert last["async_plan"] == 6 + last["async_dropped_plans"] >= first["async_plan"] + 2
+
+
+@pytest.mark.integration
 def test_a_killed_rollout_worker_is_restarted_and_its_plan_sampled_again(ray_cluster, tmp_path, train_rows):
     """A worker SIGKILLs itself while scoring plan 2 (tests/core/dying_reward.py); Ray restarts it and sends the
     plan again, so the run trains every plan exactly once: the same rows and samples as the synchronous run."""

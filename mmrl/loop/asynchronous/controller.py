@@ -45,7 +45,6 @@ class _Clock:
 
     window_start: float = field(default_factory=time.perf_counter)
     busy: float = 0.0            # worker-seconds busy inside the current window
-    learner_wait: float = 0.0
 
 
 class Controller:
@@ -105,14 +104,17 @@ class Controller:
         return replace(batch, metrics={**batch.metrics, **self._metrics(batch, step, wait, dropped_groups, info)})
 
     def state_dict(self) -> dict:
+        """The sampler before the oldest plan not yet trained, that plan, and the plans discarded so far (plan
+        numbers run ahead of steps by that many)."""
         plan = self.next_train
         sampler = self._snapshots.get(plan, self.sampler.state_dict())
-        return {"sampler": dict(sampler), "async_plan": plan}
+        return {"sampler": dict(sampler), "async_plan": plan, "async_dropped_plans": self.dropped_plans}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's state; one written by the synchronous trainer continues at its step's plan."""
         self.sampler.load_state_dict(state["sampler"])
         self.next_plan = self.next_train = int(state.get("async_plan", state.get("step", 0)))
+        self.dropped_plans = int(state.get("async_dropped_plans", 0))
 
     def close(self) -> None:
         """Stop the workers (and Ray, where this run started it)."""
@@ -162,9 +164,7 @@ class Controller:
         if not self._running:
             raise RuntimeError(f"async: plan {plan} is neither running nor finished (version {self.version}, "
                                f"next plan {self.next_plan}); the staleness rule admitted no plan")
-        t0 = time.perf_counter()
         done, _ = ray.wait(list(self._running), num_returns=1, timeout=self.section.timeout_s)
-        self._clock.learner_wait += time.perf_counter() - t0
         if not done:
             late = ", ".join(f"worker {r.worker} (plan {r.plan})" for r in self._running.values())
             raise RuntimeError(f"async: no rollout worker returned a batch within asynchronous.timeout_s="
@@ -199,7 +199,7 @@ class Controller:
             "async/staleness/mean": mean(float(age.mean())),
             "async/staleness/max": maximum(float(age.max())),
             "async/dropped_groups": summed(dropped_groups),
-            "async/learner_idle_frac": mean(min(1.0, self._clock.learner_wait / window)),
+            "async/learner_idle_frac": mean(min(1.0, wait / window)),
             "async/generator_idle_frac": mean(max(0.0, 1.0 - busy / (n * window))),
             "async/weight_sync_s": mean(self._sync_s + float(info.get("load_s", 0.0))),
             "async/version": mean(float(batch.version)),
