@@ -142,7 +142,7 @@ def test_the_cli_names_the_registry_on_a_bad_policy_loss(tmp_path, mmrl_cmd, ban
     shown = subprocess.run(mmrl_cmd("train", "--help"), capture_output=True, text=True, timeout=120).stdout
     assert ("algo.policy_loss: cispo, dual_clip, grpo_guard, gspo, ppo_clip (or 'module:attr' / "
             "'path/to/file.py:attr')") in shown
-    assert "algo.objective: nft, pg" in shown
+    assert "algo.objective: decoupled, nft, pg" in shown
 
 
 USER_LOSS = '''
