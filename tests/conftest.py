@@ -12,18 +12,19 @@ import shutil
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests import BANDIT, REPO
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def repo_root() -> str:
     return REPO
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def bandit_config() -> str:
     return BANDIT
 
@@ -39,7 +40,7 @@ def mmrl_cmd():
     return _mmrl_cmd
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def fresh_python():
     """`fresh_python(code)`: run `code` in a new interpreter at the repo root (import-order checks);
     fails with its stderr."""
@@ -57,7 +58,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def free_port():
     """`free_port()`: a TCP port of 127.0.0.1 nobody listens on (a 2-process rendezvous, a server)."""
     return _free_port
@@ -85,6 +86,32 @@ def run_side_by_side():
     return run
 
 
+@pytest.fixture(scope="module")
+def in_background():
+    """`in_background(fn, *args, **kwargs)`: call `fn(*args, **kwargs)` in a thread now and return its Future
+    (`.result()` waits for it and raises what it raised). For the subprocess runs of a module's tests that do
+    not depend on each other: started together, or before a test that trains in process on one thread, they
+    keep both cores busy instead of one after the other; each test still asserts on its own run. The end of
+    the module waits for every job."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        yield pool.submit
+
+
+@pytest.fixture(scope="module")
+def selected(request) -> set[str]:
+    """The names (without parameters) of the module's tests that this session runs: a module fixture that starts
+    several tests' runs at once (`in_background`) starts those of the selected tests only."""
+    return {item.originalname for item in request.session.items if item.module is request.module}
+
+
+@pytest.fixture(scope="module")
+def selected_params(request):
+    """`selected_params(name)`: the values that the module's tests this session runs give the parameter `name`
+    (the `selected` of a parametrized module)."""
+    items = [item for item in request.session.items if item.module is request.module and hasattr(item, "callspec")]
+    return lambda name: {item.callspec.params[name] for item in items if name in item.callspec.params}
+
+
 def _read_metrics(run_dir) -> list[dict]:
     with open(os.path.join(str(run_dir), "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -108,14 +135,14 @@ def _bandit_cfg(out_dir, *overrides: str):
     return load_config(BANDIT, [f"output_dir={out_dir}", *overrides])
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def bandit_cfg():
     """`bandit_cfg(out_dir, *overrides)`: the tiny bandit config (configs/tiny/bandit.yaml), loaded
     and checked, writing to `out_dir`."""
     return _bandit_cfg
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def run_bandit():
     """`run_bandit(out_dir, *overrides)`: set up the tiny bandit run in process, train it to the end
     and return the run (its policy, optimizer, EMA and accelerator stay inspectable)."""
@@ -129,7 +156,7 @@ def run_bandit():
     return run
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def eval_curve_of():
     """`eval_curve_of(config, out_dir, *overrides)`: train `config` in process and return its
     held-out curve [(step, eval/reward/mean), ...] read back from metrics.jsonl."""

@@ -20,15 +20,6 @@ from mmrl.state.resume import changed_keys
 from mmrl.testing.bandit import BanditPolicy
 
 
-@pytest.fixture
-def cli(mmrl_cmd, bandit_config):
-    """`cli(*args)`: `mmrl train` of the tiny bandit config with `args`, through a subprocess."""
-    def run(*args):
-        return subprocess.run(mmrl_cmd("train", bandit_config, *args), capture_output=True, text=True, timeout=120)
-
-    return run
-
-
 def _config_error(result, *needles):
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr
@@ -44,32 +35,65 @@ def _copied_checkpoint(run_bandit, tmp_path, *overrides) -> str:
     return str(copy)
 
 
+def _missing_optimizer(run_bandit, tmp_path) -> str:
+    ckpt = _copied_checkpoint(run_bandit, tmp_path)
+    os.remove(os.path.join(ckpt, "optimizer.pt"))
+    return ckpt
+
+
+def _finished_run(run_bandit, tmp_path) -> None:
+    run_bandit(tmp_path, "max_steps=2")
+
+
+# what each test below resumes from (made in process: a checkpoint or None) and the overrides of its `mmrl train`
+# subprocess
+REFUSALS = {
+    "test_a_checkpoint_of_another_policy_shape_is_a_config_error":
+        (_copied_checkpoint, lambda d, ckpt: [f"output_dir={d / 'new'}", "policy.num_arms=6", f"resume={ckpt}"]),
+    "test_a_checkpoint_missing_files_is_a_config_error":
+        (_missing_optimizer, lambda d, ckpt: [f"output_dir={d / 'new'}", f"resume={ckpt}"]),
+    "test_resume_refuses_a_config_that_changes_what_is_trained":
+        (_finished_run, lambda d, _: [f"output_dir={d}", "resume=auto", "max_steps=3", "seed=1", "optim.lr=0.2"]),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def refused(tmp_path_factory, run_bandit, bandit_config, mmrl_cmd, in_background, selected):
+    """{test name: (its folder, the checkpoint, Future of the CompletedProcess)}: for each selected test of
+    REFUSALS, what it resumes from, then `mmrl train` of the tiny bandit config with its overrides through a
+    subprocess, all started with the module's first test (they run side by side)."""
+    jobs = {}
+    for name, (make, overrides) in REFUSALS.items():
+        if name in selected:
+            folder = tmp_path_factory.mktemp(name[5:30])
+            ckpt = make(run_bandit, folder)
+            cmd = mmrl_cmd("train", bandit_config, *overrides(folder, ckpt))
+            jobs[name] = folder, ckpt, in_background(subprocess.run, cmd, capture_output=True, text=True, timeout=120)
+    return jobs
+
+
 # ---------------------------------------------------------------- what resume refuses, and how it says so
 
 @pytest.mark.integration
-def test_a_checkpoint_of_another_policy_shape_is_a_config_error(tmp_path, run_bandit, bandit_cfg, cli):
-    ckpt = _copied_checkpoint(run_bandit, tmp_path)
+def test_a_checkpoint_of_another_policy_shape_is_a_config_error(bandit_cfg, refused):
+    tmp_path, ckpt, cli = refused["test_a_checkpoint_of_another_policy_shape_is_a_config_error"]
     with pytest.raises(IncompatibleCheckpoint, match="does not match policy 'bandit'"):
         setup(bandit_cfg(tmp_path / "new", "policy.num_arms=6", f"resume={ckpt}"))
-    _config_error(cli(f"output_dir={tmp_path / 'new'}", "policy.num_arms=6", f"resume={ckpt}"),
-                  "configuration error", ckpt, "does not match policy 'bandit'", "size mismatch")
+    _config_error(cli.result(), "configuration error", ckpt, "does not match policy 'bandit'", "size mismatch")
 
 
 @pytest.mark.integration
-def test_a_checkpoint_missing_files_is_a_config_error(tmp_path, run_bandit, bandit_cfg, cli):
-    ckpt = _copied_checkpoint(run_bandit, tmp_path)
-    os.remove(os.path.join(ckpt, "optimizer.pt"))
-    _config_error(cli(f"output_dir={tmp_path / 'new'}", f"resume={ckpt}"),
-                  ckpt, "is missing optimizer.pt", "policy.safetensors")
+def test_a_checkpoint_missing_files_is_a_config_error(bandit_cfg, refused):
+    tmp_path, ckpt, cli = refused["test_a_checkpoint_missing_files_is_a_config_error"]
+    _config_error(cli.result(), ckpt, "is missing optimizer.pt", "policy.safetensors")
     with pytest.raises(IncompatibleCheckpoint, match="looks like a run directory"):
         setup(bandit_cfg(tmp_path / "new", f"resume={tmp_path / 'src'}"))
 
 
 @pytest.mark.integration
-def test_resume_refuses_a_config_that_changes_what_is_trained(tmp_path, run_bandit, bandit_cfg, train_rows, cli):
-    run_bandit(tmp_path, "max_steps=2")
-    _config_error(cli(f"output_dir={tmp_path}", "resume=auto", "max_steps=3", "seed=1", "optim.lr=0.2"),
-                  "optim.lr", "seed", str(tmp_path / "config.yaml"), "another output_dir")
+def test_resume_refuses_a_config_that_changes_what_is_trained(run_bandit, bandit_cfg, train_rows, refused):
+    tmp_path, _, cli = refused["test_resume_refuses_a_config_that_changes_what_is_trained"]
+    _config_error(cli.result(), "optim.lr", "seed", str(tmp_path / "config.yaml"), "another output_dir")
     with pytest.raises(ConfigError, match=r"policy\.num_actions"):
         setup(bandit_cfg(tmp_path, "resume=auto", "policy.num_actions=3"))
     # how long, where and what to report may change

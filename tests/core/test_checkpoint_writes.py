@@ -6,7 +6,8 @@ Each injected failure hits one point of the write (the state writers, the fsync,
 temporary folder into place, the write of the `latest` pointer); afterwards the previous checkpoint
 must still be what `checkpoint.latest` returns, load with its own step and weights, and no
 half-written folder may pass for a complete checkpoint. A failed write stops the CLI with exit code 1
-(through a subprocess, where the exit code is the contract)."""
+(through a subprocess, where the exit code is the contract; started with the module's first test, beside
+the in-process ones)."""
 
 import errno
 import io
@@ -232,19 +233,33 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch, err
     assert run.start_step == 2
 
 
+FAILING_SAVE = ("import errno, os, sys, torch\n"
+               "real = torch.save\n"
+               "def save(obj, path, *a, **k):\n"
+               "    if 'step_000002' in str(path):\n"
+               "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
+               "    return real(obj, path, *a, **k)\n"
+               "torch.save = save\n"
+               "from mmrl.cli import main\n"
+               "sys.exit(main(sys.argv[1:]))\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def failed_write(tmp_path_factory, bandit_config, in_background, selected):
+    """(output directory, Future of the CompletedProcess) of the CLI whose second checkpoint write fails, when its
+    test is selected: started with the module's first test, it runs beside the in-process tests before it."""
+    if "test_a_failed_write_stops_the_cli_with_exit_code_1" not in selected:
+        return None
+    out = tmp_path_factory.mktemp("failed_write")
+    cmd = [sys.executable, "-c", FAILING_SAVE, "train", bandit_config, f"output_dir={out}", "max_steps=2",
+           "checkpoint.every=1"]
+    return out, in_background(subprocess.run, cmd, capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.integration
-def test_a_failed_write_stops_the_cli_with_exit_code_1(tmp_path, bandit_config):
-    script = ("import errno, os, sys, torch\n"
-              "real = torch.save\n"
-              "def save(obj, path, *a, **k):\n"
-              "    if 'step_000002' in str(path):\n"
-              "        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))\n"
-              "    return real(obj, path, *a, **k)\n"
-              "torch.save = save\n"
-              "from mmrl.cli import main\n"
-              "sys.exit(main(sys.argv[1:]))\n")
-    out = subprocess.run([sys.executable, "-c", script, "train", bandit_config, f"output_dir={tmp_path}", "max_steps=2",
-                          "checkpoint.every=1"], capture_output=True, text=True, timeout=120)
+def test_a_failed_write_stops_the_cli_with_exit_code_1(failed_write):
+    tmp_path, job = failed_write
+    out = job.result()
     assert out.returncode == 1, out.stderr
     assert "Traceback" not in out.stderr
     for needle in ("training stopped", "cannot write checkpoint step_000002", str(tmp_path / "checkpoints"),

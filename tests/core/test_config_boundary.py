@@ -39,6 +39,32 @@ def _error(config: str, *overrides: str) -> str:
     return str(e.value)
 
 
+def _flat_keys_common(run) -> list[str]:
+    return [f"output_dir={run}", "checkpoint.every=2", "eval.every=0", "algo.filter.name=starpo",
+            "algo.filter.keep_frac=0.5"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def started(tmp_path_factory, in_background, selected):
+    """{test name: (its folder, Future of the CompletedProcess)}: the `mmrl train` subprocesses of the module's
+    selected integration tests (of the run saved with flat keys, its first run), started with the module's
+    first test, so that they run beside the in-process tests before theirs."""
+    commands = {  # test: (function(its folder) -> the args of `mmrl train`, timeout)
+        "test_cli_subprocess_acceptance_case":
+            (lambda d: [VLM_TINY, "algo.aggregation=tokenmean", f"output_dir={d / 'run'}"], 120),
+        "test_the_cli_exits_2_naming_the_new_key": (lambda d: [VLM_TINY, f"output_dir={d}", "algo.nft_beta=1"], 120),
+        "test_a_run_saved_with_flat_keys_resumes_and_its_config_loads_for_export":
+            (lambda d: [BANDIT, "max_steps=2", *_flat_keys_common(d / "run")], 300),
+    }
+    jobs = {}
+    for name, (args, timeout) in commands.items():
+        if name in selected:
+            folder = tmp_path_factory.mktemp(name[5:30])
+            jobs[name] = folder, in_background(subprocess.run, [sys.executable, "-m", "mmrl", "train", *args(folder)],
+                                               capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    return jobs
+
+
 @pytest.mark.parametrize("override,key,valid", ENUMERATED)
 def test_enumerated_keys_name_the_key_and_the_valid_values(override, key, valid):
     msg = _error(BANDIT, override)
@@ -55,10 +81,9 @@ def test_cli_exits_2_before_building_anything(override, key, valid, tmp_path, ca
 
 
 @pytest.mark.integration
-def test_cli_subprocess_acceptance_case(tmp_path):
-    out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "mmrl", "train", VLM_TINY, "algo.aggregation=tokenmean",
-                        f"output_dir={out}"], capture_output=True, text=True, cwd=REPO, timeout=120)
+def test_cli_subprocess_acceptance_case(started):
+    folder, job = started["test_cli_subprocess_acceptance_case"]
+    out, p = folder / "run", job.result()
     assert p.returncode == 2, p.stderr
     assert "'algo.aggregation'" in p.stderr and "seq-mean-token-sum-norm" in p.stderr
     assert "Traceback" not in p.stderr and not out.exists()
@@ -121,9 +146,9 @@ def test_a_name_given_where_a_section_now_is_names_the_section_key(key, value):
 
 
 @pytest.mark.integration
-def test_the_cli_exits_2_naming_the_new_key(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "mmrl", "train", os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml"),
-                        f"output_dir={tmp_path}", "algo.nft_beta=1"], capture_output=True, text=True, timeout=120)
+def test_the_cli_exits_2_naming_the_new_key(started):
+    _, job = started["test_the_cli_exits_2_naming_the_new_key"]
+    p = job.result()
     assert p.returncode == 2
     assert "'algo.nft_beta' moved into its algorithm's section: use 'algo.nft.beta'" in p.stderr
     assert "Traceback" not in p.stderr
@@ -141,14 +166,13 @@ def test_a_saved_config_of_the_flat_form_is_migrated():
 
 
 @pytest.mark.integration
-def test_a_run_saved_with_flat_keys_resumes_and_its_config_loads_for_export(tmp_path):
+def test_a_run_saved_with_flat_keys_resumes_and_its_config_loads_for_export(started):
     """A run written before the sections were nested and before GSPO and GRPO-Guard were losses of their own:
     its config.yaml holds the flat keys and the flags ratio_level / ratio_norm."""
-    run = tmp_path / "run"
-    common = [f"output_dir={run}", "checkpoint.every=2", "eval.every=0", "algo.filter.name=starpo",
-              "algo.filter.keep_frac=0.5"]
-    p = subprocess.run([sys.executable, "-m", "mmrl", "train", BANDIT, "max_steps=2", *common],
-                       capture_output=True, text=True, timeout=300)
+    folder, job = started["test_a_run_saved_with_flat_keys_resumes_and_its_config_loads_for_export"]
+    run = folder / "run"
+    common = _flat_keys_common(run)
+    p = job.result()
     assert p.returncode == 0, p.stderr[-2000:]
     saved = yaml.safe_load((run / "config.yaml").read_text())
     section = saved["algo"].pop("filter")

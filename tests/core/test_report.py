@@ -101,14 +101,15 @@ def test_before_after_md_leads_with_the_reward_by_task_and_gold(tmp_path):
 
 
 @pytest.mark.integration
-def test_cli_report_writes_the_page_and_names_a_directory_that_is_not_a_run(tmp_path):
+def test_cli_report_writes_the_page_and_names_a_directory_that_is_not_a_run(tmp_path, in_background):
     run = _run_dir(tmp_path / "run") if (tmp_path / "run").mkdir() is None else None
     out = tmp_path / "elsewhere.html"
-    done = subprocess.run([sys.executable, "-m", "mmrl", "report", str(run), "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    written, refused = (in_background(subprocess.run, [sys.executable, "-m", "mmrl", "report", *args], cwd=REPO,
+                                      capture_output=True, text=True, timeout=120)             # side by side
+                        for args in ([str(run), "--out", str(out)], [str(tmp_path / "nothing")]))
+    done = written.result()
     assert done.returncode == 0 and out.is_file() and "report written to" in done.stdout, done.stderr
-    done = subprocess.run([sys.executable, "-m", "mmrl", "report", str(tmp_path / "nothing")], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    done = refused.result()
     assert done.returncode == 2 and "nothing" in done.stderr and "metrics.jsonl" in done.stderr, done.stderr
 
 

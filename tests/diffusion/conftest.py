@@ -77,7 +77,7 @@ def perturb_lora():
     return perturb
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def two_process_command(free_port):
     """`two_process_command(*train_args)`: `accelerate launch` of `mmrl train ...` on 2 CPU processes
     (gloo, DDP) at a free port."""

@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 CONTRACT = ["step", "reward/mean", "reward/jpeg_compressibility/mean", "loss", "grad_norm", "clip_frac", "time/step_s"]
 PREFIX = {"sd3": "transformer.", "sd": "unet.", "flux": "transformer."}
 KL = {"sd3": True, "sd": True, "flux": False}  # kl_beta > 0 in sd3_tiny.yaml and sd_tiny.yaml
+KINDS = ["sd3", "sd", "flux"]
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +38,31 @@ def weights(out_dir, step):
     return load_file(os.path.join(out_dir, "checkpoints", f"step_{step:06d}", "policy.safetensors"))
 
 
-@pytest.fixture(scope="module", params=["sd3", "sd", "flux"])
-def run(request, tmp_path_factory, train):
+def _run_and_resume(train, kind, out):
     """Two steps with a checkpoint after each, then a resume to step 3."""
-    kind, out = request.param, tmp_path_factory.mktemp(f"{request.param}_run")
     train(kind, out, "max_steps=2", "checkpoint.every=1", "eval.every=2")
     first = rows(out)
     w1, w2 = weights(out, 1), weights(out, 2)
     resumed = train(kind, out, "max_steps=3", "resume=auto", "checkpoint.every=1", "eval.every=2")
     return kind, out, first, (w1, w2), resumed
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, train, in_background, selected_params):
+    """{kind: Future of its run}: the runs and resumes of the families the selected tests use, started together
+    (each subprocess keeps about one core busy)."""
+    kinds = selected_params("run")
+    return {kind: in_background(_run_and_resume, train, kind, tmp_path_factory.mktemp(f"{kind}_run"))
+            for kind in KINDS if kind in kinds}
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def run(request, runs):
+    """Two steps with a checkpoint after each, then a resume to step 3: (kind, run directory, the first two
+    steps' rows, the weights after steps 1 and 2, the resume's CompletedProcess). Every family's run is over
+    before its tests start, so nothing runs beside the in-process and 2-process runs below."""
+    done = {kind: job.result() for kind, job in runs.items()}
+    return done[request.param]
 
 
 def test_contract_metrics_logged(run):

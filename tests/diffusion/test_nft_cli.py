@@ -39,14 +39,46 @@ def checkpoint(out_dir, step, name):
     return load_file(os.path.join(out_dir, "checkpoints", f"step_{step:06d}", name))
 
 
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory, train):
+def _run_and_resume(train, out):
     """Two steps with a checkpoint after each, then a resume to step 3."""
-    out = tmp_path_factory.mktemp("nft_run")
     train(out, "max_steps=2")
     first = rows(out)
     result = train(out, "max_steps=3", "resume=auto")
     return out, first, result
+
+
+def _uninterrupted(train, out):
+    """Three steps without a stop; returns the run directory."""
+    train(out, "max_steps=3")
+    return out
+
+
+def _two_processes(cmd, out):
+    """(the run directory, the CompletedProcess) of the 2-process command `cmd` writing to `out`."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    return out, subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, train, tiny_config, two_process_command, in_background, selected):
+    """{name: Future}: the module's runs, started together (each process keeps about one core busy): the run
+    resumed at step 2 (two subprocesses, one after the other) and, where their tests are selected, the
+    uninterrupted 3-step run (its directory) and the 2-process run of two steps (its directory, CompletedProcess)."""
+    jobs = {"resumed": in_background(_run_and_resume, train, tmp_path_factory.mktemp("nft_run"))}
+    if "test_resumed_step_is_bit_exact_with_an_uninterrupted_run" in selected:
+        jobs["straight"] = in_background(_uninterrupted, train, tmp_path_factory.mktemp("nft_straight"))
+    if "test_two_processes_train_like_one" in selected:
+        two = tmp_path_factory.mktemp("nft_two")
+        cmd = two_process_command(tiny_config("sd3"), f"output_dir={two}", "max_steps=2",
+                                  "train.samples_per_microbatch=2", *NFT)
+        jobs["two"] = in_background(_two_processes, cmd, two)
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def resumed(runs):
+    """Two steps with a checkpoint after each, then a resume to step 3."""
+    return runs["resumed"].result()
 
 
 def test_losses_are_finite_and_the_nft_metrics_logged(resumed):
@@ -69,32 +101,29 @@ def test_each_checkpoint_holds_the_old_policy(resumed):
     assert any(not torch.equal(old[k], lora[k]) for k in old)  # decay 0.5: old lags theta
 
 
-def test_resumed_step_is_bit_exact_with_an_uninterrupted_run(resumed, tmp_path, train):
+def test_resumed_step_is_bit_exact_with_an_uninterrupted_run(resumed, runs):
     out, _, result = resumed
     assert "resumed from" in result.stderr and "at step 2" in result.stderr
-    train(tmp_path, "max_steps=3")
-    straight, again = rows(tmp_path)[3], rows(out)[3]
+    uninterrupted = runs["straight"].result()
+    straight, again = rows(uninterrupted)[3], rows(out)[3]
     for key in KEYS:
         assert straight[key] == again[key], key
     for name in ("policy.safetensors", "policy.nft_old.safetensors"):
-        a, b = checkpoint(tmp_path, 3, name), checkpoint(out, 3, name)
+        a, b = checkpoint(uninterrupted, 3, name), checkpoint(out, 3, name)
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
 
 
-def test_two_processes_train_like_one(resumed, tmp_path, tiny_config, two_process_command):
+def test_two_processes_train_like_one(resumed, runs):
     """accelerate launch with 2 CPU processes (gloo, DDP): same steps, same weights and old weights, up to
     the rounding of a different split (the old forwards swap weights in place under the DDP wrapper)."""
     out, first, _ = resumed
-    cmd = two_process_command(tiny_config("sd3"), f"output_dir={tmp_path}", "max_steps=2",
-                              "train.samples_per_microbatch=2", *NFT)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    two_dir, result = runs["two"].result()
     assert result.returncode == 0, result.stderr[-3000:]
-    two = rows(tmp_path)
+    two = rows(two_dir)
     for step in (1, 2):
         for key in ("reward/mean", "loss", "grad_norm", "kl"):
             assert two[step][key] == pytest.approx(first[step][key], rel=1e-4, abs=1e-8), (step, key)
     for name in ("policy.safetensors", "policy.nft_old.safetensors"):
-        a, b = checkpoint(tmp_path, 2, name), checkpoint(out, 2, name)
+        a, b = checkpoint(two_dir, 2, name), checkpoint(out, 2, name)
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)

@@ -1,7 +1,10 @@
 """The text-to-image CPU default (configs/tiny/t2i_shapes.yaml, DiffusionNFT): the committed pretrained
 pixel-space SD3 loads offline with a held-out score in its band, a shortened run of the default raises the
 held-out reward without stray pixels and leaves its artifacts, and the pretraining script writes a
-loadable pipeline."""
+loadable pipeline.
+
+The committed model's held-out score is the step-0 evaluation of the shortened run (evaluated before its first
+update, it is the evaluation a 0-step run makes, bit for bit), so the module trains the default once."""
 
 from __future__ import annotations
 
@@ -20,31 +23,38 @@ SHORT_MARGIN = 0.25       # eval/reward/mean(step 10) - eval/reward/mean(step 0)
 MAX_STRAY = 0.10          # eval/quality/shapes_stray at step 10: measured 0.016 (0.043 at step 0)
 
 
+@pytest.fixture(scope="module")
+def shortened(tmp_path_factory, eval_curve_of):
+    """(run directory, held-out curve [(step, eval/reward/mean), ...]) of the shortened default, trained once."""
+    out = tmp_path_factory.mktemp("shortened")
+    return out, eval_curve_of(CONFIG, out, f"policy.model={MODEL}", f"max_steps={SHORT_STEPS}",
+                              f"eval.every={SHORT_STEPS}")
+
+
 @pytest.mark.integration
-def test_committed_model_loads_offline_with_a_low_but_nonzero_held_out_score(tmp_path, eval_curve_of):
+def test_committed_model_loads_offline_with_a_low_but_nonzero_held_out_score(shortened):
     """Washed-out shapes: the verifier recognises some, not most (step-0 held-out reward)."""
     assert os.path.isfile(os.path.join(MODEL, "model_index.json")), "assets/tiny/shapes_t2i is missing"
-    curve = eval_curve_of(CONFIG, tmp_path, f"policy.model={MODEL}", "max_steps=0", "eval.every=1")
+    _, curve = shortened
     assert curve and curve[0][0] == 0, curve
     assert 0.05 <= curve[0][1] <= 0.35, f"pretrained held-out shapes_t2i {curve[0][1]} outside [0.05, 0.35]"
 
 
 @pytest.mark.integration
-def test_shortened_default_raises_the_held_out_reward_without_stray_pixels(tmp_path, eval_curve_of, rendered_report):
+def test_shortened_default_raises_the_held_out_reward_without_stray_pixels(shortened, rendered_report):
     from mmrl.reporting.summary import read_rows
 
-    curve = eval_curve_of(CONFIG, tmp_path, f"policy.model={MODEL}", f"max_steps={SHORT_STEPS}",
-                          f"eval.every={SHORT_STEPS}")
+    run_dir, curve = shortened
     (first_step, first), (last_step, last) = curve[0], curve[-1]
     assert (first_step, last_step) == (0, SHORT_STEPS), curve
     assert last - first >= SHORT_MARGIN, f"held-out reward {first:.3f} -> {last:.3f} (want +{SHORT_MARGIN})"
-    rows = read_rows(str(tmp_path))
+    rows = read_rows(str(run_dir))
     stray = [r["eval/quality/shapes_stray"] for r in rows if r["step"] == SHORT_STEPS and "eval/quality/shapes_stray" in r]
     assert stray and stray[-1] <= MAX_STRAY, stray
     assert all(r["nft/old_decay"] == min(0.001 * r["step"], 0.5) for r in rows if "loss" in r)
     for name in ("reward_curve.png", "before_after.png", "metrics.jsonl", "report.html"):
-        assert os.path.isfile(tmp_path / name), name
-    figures, rendered, dom = rendered_report(tmp_path)       # the report the run wrote, in a headless browser
+        assert os.path.isfile(run_dir / name), name
+    figures, rendered, dom = rendered_report(run_dir)        # the report the run wrote, in a headless browser
     assert figures == rendered >= 6, (figures, rendered)      # curves, timings, memory, 2 grids, before/after
     assert f"step {SHORT_STEPS}: held-out images" in dom and "the first evaluation above the last" in dom
 

@@ -36,12 +36,14 @@ def _remote(url: str, **kw) -> str:
 
 
 @pytest.mark.slow
-def test_a_served_reward_trains_exactly_as_the_local_one(tmp_path, mmrl_cmd, start_cli_server):
+def test_a_served_reward_trains_exactly_as_the_local_one(tmp_path, mmrl_cmd, start_cli_server, in_background):
     common = ["max_steps=4", "eval.every=2"]
+    local = in_background(_train, mmrl_cmd, tmp_path / "local", *common,    # beside the server's start and the
+                          f"rewards=[{{name: '{REWARD}', label: match}}]")   # remote run
     server, url = start_cli_server(REWARD, "--token", "t0k")
     try:
-        _train(mmrl_cmd, tmp_path / "local", *common, f"rewards=[{{name: '{REWARD}', label: match}}]")
         _train(mmrl_cmd, tmp_path / "remote", *common, _remote(url, token="t0k", batch_size=5, max_concurrency=3))
+        local.result()
     finally:
         server.terminate()
         server.wait(30)

@@ -152,14 +152,15 @@ def test_the_reward_runs_on_one_thread_one_call_at_a_time(serving):
 
 
 @pytest.mark.integration
-def test_the_serve_command_refuses_a_bad_reward_or_a_taken_port(mmrl_cmd):
-    unknown = subprocess.run(mmrl_cmd("rewards", "serve", "nope"), capture_output=True, text=True, timeout=120)
-    assert unknown.returncode == 2 and "valid names: " in unknown.stderr and "Traceback" not in unknown.stderr
+def test_the_serve_command_refuses_a_bad_reward_or_a_taken_port(mmrl_cmd, in_background):
     taken = listen("127.0.0.1", 0)
     try:
         port = taken.getsockname()[1]
-        busy = subprocess.run(mmrl_cmd("rewards", "serve", "format", "--port", str(port)),
-                              capture_output=True, text=True, timeout=120)
+        unknown, busy = (in_background(subprocess.run, mmrl_cmd("rewards", "serve", *args), capture_output=True,
+                                       text=True, timeout=120)                                 # side by side
+                         for args in (["nope"], ["format", "--port", str(port)]))
+        unknown, busy = unknown.result(), busy.result()
     finally:
         taken.close()
+    assert unknown.returncode == 2 and "valid names: " in unknown.stderr and "Traceback" not in unknown.stderr
     assert busy.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr

@@ -1,5 +1,6 @@
 """Multi-turn agents through the CLI (subprocesses): a user environment from a file reference trains,
-evaluates and resumes bit-exactly after SIGKILL; gymnasium's FrozenLake-v1 runs as registered."""
+evaluates and resumes bit-exactly after SIGKILL; gymnasium's FrozenLake-v1 runs as registered (its run starts
+with the module's first test, beside the runs of the first)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ def latest(run: str) -> int:
         return 0
 
 
+@pytest.fixture(scope="module", autouse=True)
+def gym_run(tmp_path_factory, in_background, mmrl_cmd, selected):
+    """(output directory, Future of the CompletedProcess) of the FrozenLake-v1 run when its test is selected."""
+    if "test_gymnasium_frozenlake_runs_as_registered" not in selected:
+        return None
+    folder = tmp_path_factory.mktemp("gym")
+    cfg, out = config(folder, {"name": "gym:FrozenLake-v1", "max_turns": 2}), str(folder / "gym")
+    cmd = mmrl_cmd("train", cfg, f"output_dir={out}", "max_steps=1", "eval.every=1")
+    return out, in_background(subprocess.run, cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+
+
 def test_a_file_environment_trains_and_resumes_bit_exactly_after_sigkill(tmp_path, mmrl_cmd):
     cfg = config(tmp_path, {"name": CORRIDOR, "length": 3, "max_turns": 3, "step_reward": -0.1},
                  format_prompt="none")                  # any reply is an action: rewards vary from the start
@@ -79,11 +91,9 @@ def test_a_file_environment_trains_and_resumes_bit_exactly_after_sigkill(tmp_pat
     assert without_time(metrics(broken)) == without_time(rows)
 
 
-def test_gymnasium_frozenlake_runs_as_registered(tmp_path, mmrl_cmd):
-    cfg = config(tmp_path, {"name": "gym:FrozenLake-v1", "max_turns": 2})
-    out = str(tmp_path / "gym")
-    done = subprocess.run(mmrl_cmd("train", cfg, f"output_dir={out}", "max_steps=1", "eval.every=1"),
-                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+def test_gymnasium_frozenlake_runs_as_registered(gym_run):
+    out, job = gym_run
+    done = job.result()
     assert done.returncode == 0, done.stderr[-3000:]
     last = metrics(out)[-1]
     assert last["step"] == 1 and 1 <= last["env/turns/mean"] <= 2 and "eval/success" in last

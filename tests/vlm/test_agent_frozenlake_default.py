@@ -1,9 +1,14 @@
 """The agent CPU default (configs/tiny/agent_frozenlake.yaml): the committed pretrained agent loads offline
 and rarely reaches the goal greedily, a shortened run of the default raises its held-out success, and the
-pretraining script writes a loadable model."""
+pretraining script writes a loadable model.
+
+The shortened default trains in process on one thread (policy.cpu_threads 1); the module's two other runs
+(the committed agent's evaluation through the CLI and the pretraining script) are subprocesses started
+before it, so they run beside it on the other core."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -19,17 +24,30 @@ SHORT_STEPS = 10          # the shortened default (the full one trains 40 steps)
 SHORT_MARGIN = 0.25
 
 
-@pytest.mark.integration
-def test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily(tmp_path, eval_curve_of):
-    assert os.path.isfile(os.path.join(MODEL, "model.safetensors")), "assets/tiny/frozenlake_agent is missing"
-    curve = eval_curve_of(CONFIG, tmp_path, "max_steps=0", "eval.every=1")
-    assert curve and curve[0][0] == 0, curve
-    assert curve[0][1] <= 0.1, f"pretrained held-out greedy success {curve[0][1]} above 0.1"
+@pytest.fixture(scope="module")
+def side_runs(tmp_path_factory, in_background, mmrl_cmd, selected):
+    """{name: (its output directory, a Future of {name: CompletedProcess})}: the committed agent evaluated at
+    step 0 (`mmrl train ... max_steps=0`), then the pretraining script (those whose test is selected), one after
+    the other beside the in-process run."""
+    run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    committed, pretrained = tmp_path_factory.mktemp("committed"), tmp_path_factory.mktemp("pretrained") / "model"
+    commands = {
+        "committed": mmrl_cmd("train", CONFIG, f"output_dir={committed}", "max_steps=0", "eval.every=1"),
+        "pretrained": [sys.executable, "-m", "shapes_world.pretrain_agent", "--seed", "0", "--out", str(pretrained),
+                       "--iters", "2", "--bias-iters", "1", "--batch", "4", "--val", "8", "--episodes", "2",
+                       "--log-every", "2"],
+    }
+    tests = {"committed": "test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily",
+             "pretrained": "test_pretraining_script_writes_a_loadable_model"}
+    job = in_background(lambda: {name: run(cmd) for name, cmd in commands.items() if tests[name] in selected})
+    return {"committed": (committed, job), "pretrained": (pretrained, job)}
 
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_shortened_default_raises_the_held_out_success_and_reports_it(tmp_path, eval_curve_of, rendered_report):
+def test_shortened_default_raises_the_held_out_success_and_reports_it(tmp_path, eval_curve_of, rendered_report,
+                                                                     side_runs):
+    """First in the module: `side_runs` starts the other tests' subprocesses before this one trains."""
     curve = eval_curve_of(CONFIG, tmp_path, f"max_steps={SHORT_STEPS}", f"eval.every={SHORT_STEPS}",
                           "eval.max_prompts=32", "eval.prompts_per_batch=32")
     (first_step, first), (last_step, last) = curve[0], curve[-1]
@@ -41,11 +59,22 @@ def test_shortened_default_raises_the_held_out_success_and_reports_it(tmp_path, 
 
 
 @pytest.mark.integration
-def test_pretraining_script_writes_a_loadable_model(tmp_path):
-    out = tmp_path / "model"
-    cmd = [sys.executable, "-m", "shapes_world.pretrain_agent", "--seed", "0", "--out", str(out), "--iters", "2",
-           "--bias-iters", "1", "--batch", "4", "--val", "8", "--episodes", "2", "--log-every", "2"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily(side_runs):
+    from mmrl.reporting.summary import read_rows
+
+    assert os.path.isfile(os.path.join(MODEL, "model.safetensors")), "assets/tiny/frozenlake_agent is missing"
+    out, job = side_runs["committed"]
+    done = job.result()["committed"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    curve = [(r["step"], r["eval/reward/mean"]) for r in read_rows(str(out)) if "eval/reward/mean" in r]
+    assert curve and curve[0][0] == 0, curve
+    assert curve[0][1] <= 0.1, f"pretrained held-out greedy success {curve[0][1]} above 0.1"
+
+
+@pytest.mark.integration
+def test_pretraining_script_writes_a_loadable_model(side_runs):
+    out, job = side_runs["pretrained"]
+    done = job.result()["pretrained"]
     assert done.returncode == 0, done.stderr[-2000:]
     assert '"iter": 2' in done.stdout and '"held_out_episodes"' in done.stdout, done.stdout
     from transformers import AutoModelForImageTextToText, AutoProcessor

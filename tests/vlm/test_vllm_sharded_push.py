@@ -44,6 +44,14 @@ print("ok", len(got))
 '''
 
 
+@pytest.fixture(scope="module")
+def pushed(fresh_python, in_background, selected_params):
+    """{LoRA rank: Future of the fresh interpreter's check}: the selected cases, started together (each
+    interpreter keeps about one core busy)."""
+    return {lora: in_background(fresh_python, CODE.replace("LORA", str(lora)))
+            for lora in sorted(selected_params("lora"))}
+
+
 @pytest.mark.parametrize("lora", [4, 0], ids=["lora", "full"])
-def test_a_sharded_model_pushes_block_by_block_what_the_unsharded_one_pushes(lora, fresh_python):
-    fresh_python(CODE.replace("LORA", str(lora)))
+def test_a_sharded_model_pushes_block_by_block_what_the_unsharded_one_pushes(lora, pushed):
+    pushed[lora].result()

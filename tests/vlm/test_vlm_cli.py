@@ -1,4 +1,5 @@
-"""CLI smoke test of the tiny VLM config through a subprocess: train, validate, checkpoint, resume."""
+"""CLI smoke test of the tiny VLM config through a subprocess: train, validate, checkpoint, resume; and a
+2-process run, started with the module's first test so that it runs beside the 1-process runs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,17 @@ CONTRACT = ("step", "reward/mean", "reward/format/mean", "reward/numeric/mean", 
 def _train(out_dir: str, *overrides: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "mmrl", "train", CONFIG, f"output_dir={out_dir}", *overrides]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gloo_run(tmp_path_factory, in_background, selected):
+    """(output directory, Future of the CompletedProcess) of the 2-process run when its test is selected."""
+    if "test_two_process_gloo_run" not in selected:
+        return None
+    out = str(tmp_path_factory.mktemp("gloo") / "ddp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mmrl",
+           "train", CONFIG, f"output_dir={out}", "max_steps=1", "eval.every=0"]
+    return out, in_background(subprocess.run, cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def _metrics(out_dir: str) -> list[dict]:
@@ -66,12 +78,10 @@ def test_bad_policy_key_is_a_config_error(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_two_process_gloo_run(tmp_path):
+def test_two_process_gloo_run(gloo_run):
     """DDP on CPU (gloo): each process rolls out its own prompts; the prepared TokenScorer syncs grads."""
-    out = str(tmp_path / "ddp")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "mmrl",
-           "train", CONFIG, f"output_dir={out}", "max_steps=1", "eval.every=0"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out, job = gloo_run
+    done = job.result()
     assert done.returncode == 0, done.stderr[-3000:]
     row = _metrics(out)[-1]
     assert row["step"] == 1 and row["ratio/first_max_abs_dev"] == 0.0 and row["filter/kept_groups"] == 1

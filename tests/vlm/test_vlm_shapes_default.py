@@ -1,10 +1,15 @@
 """The VLM CPU default (configs/tiny/vlm_shapes.yaml): the committed pretrained shapes model loads
 offline with a held-out score in its band, a shortened run of the default raises the held-out
 reward, on counting too and not by a constant answer, and reports it; the pretraining script writes a
-loadable model."""
+loadable model.
+
+The shortened default trains in process on one thread (policy.cpu_threads 1); the module's two other runs
+(the committed model's evaluation through the CLI and the pretraining script) are subprocesses started
+before it, so they run beside it on the other core."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -22,20 +27,31 @@ COUNT_MARGIN = 0.2        # the same on the count questions alone: measured +0.3
 MAX_COUNT_SHARE = 0.6     # the commonest count answer at step 50, of all count answers: measured 0.45 for seed 0
 
 
-@pytest.mark.integration
-def test_committed_model_loads_offline_with_a_sane_held_out_score(tmp_path, eval_curve_of):
-    """Greedy held-out shapes_vlm reward of the committed model: above chance, far from perfect."""
-    assert os.path.isfile(os.path.join(MODEL, "model.safetensors")), "assets/tiny/shapes_vlm is missing"
-    curve = eval_curve_of(CONFIG, tmp_path, f"policy.model={MODEL}", "max_steps=0", "eval.every=1")
-    assert curve and curve[0][0] == 0, curve
-    assert 0.1 <= curve[0][1] <= 0.5, f"pretrained held-out greedy reward {curve[0][1]} outside [0.1, 0.5]"
+@pytest.fixture(scope="module")
+def side_runs(tmp_path_factory, in_background, mmrl_cmd, selected):
+    """{name: (its output directory, a Future of {name: CompletedProcess})}: the committed model evaluated at
+    step 0 (`mmrl train ... max_steps=0`), then the pretraining script (those whose test is selected), one after
+    the other beside the in-process run."""
+    run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    committed, pretrained = tmp_path_factory.mktemp("committed"), tmp_path_factory.mktemp("pretrained") / "model"
+    commands = {
+        "committed": mmrl_cmd("train", CONFIG, f"output_dir={committed}", f"policy.model={MODEL}", "max_steps=0",
+                              "eval.every=1"),
+        "pretrained": [sys.executable, "-m", "shapes_world.pretrain_vlm", "--seed", "0", "--out", str(pretrained),
+                       "--iters", "3", "--batch", "4", "--pool", "16", "--val", "8", "--log-every", "3"],
+    }
+    tests = {"committed": "test_committed_model_loads_offline_with_a_sane_held_out_score",
+             "pretrained": "test_pretraining_script_writes_a_loadable_model"}
+    job = in_background(lambda: {name: run(cmd) for name, cmd in commands.items() if tests[name] in selected})
+    return {"committed": (committed, job), "pretrained": (pretrained, job)}
 
 
 @pytest.mark.integration
 def test_shortened_default_raises_the_held_out_reward_by_counting_and_reports_it(tmp_path, eval_curve_of,
-                                                                              rendered_report):
+                                                                              rendered_report, side_runs):
     """The rise holds on the count questions by themselves and is not one answer given to all of them
-    (the held-out count answers are 0-3 equally often, so a constant scores 0.25)."""
+    (the held-out count answers are 0-3 equally often, so a constant scores 0.25). First in the module:
+    `side_runs` starts the other tests' subprocesses before this one trains."""
     from mmrl.reporting.summary import read_rows
 
     curve = eval_curve_of(CONFIG, tmp_path, f"policy.model={MODEL}", f"max_steps={SHORT_STEPS}", f"eval.every={SHORT_STEPS}")
@@ -54,11 +70,23 @@ def test_shortened_default_raises_the_held_out_reward_by_counting_and_reports_it
 
 
 @pytest.mark.integration
-def test_pretraining_script_writes_a_loadable_model(tmp_path):
-    out = tmp_path / "model"
-    cmd = [sys.executable, "-m", "shapes_world.pretrain_vlm", "--seed", "0", "--out", str(out), "--iters", "3",
-           "--batch", "4", "--pool", "16", "--val", "8", "--log-every", "3"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_committed_model_loads_offline_with_a_sane_held_out_score(side_runs):
+    """Greedy held-out shapes_vlm reward of the committed model: above chance, far from perfect."""
+    from mmrl.reporting.summary import read_rows
+
+    assert os.path.isfile(os.path.join(MODEL, "model.safetensors")), "assets/tiny/shapes_vlm is missing"
+    out, job = side_runs["committed"]
+    done = job.result()["committed"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    curve = [(r["step"], r["eval/reward/mean"]) for r in read_rows(str(out)) if "eval/reward/mean" in r]
+    assert curve and curve[0][0] == 0, curve
+    assert 0.1 <= curve[0][1] <= 0.5, f"pretrained held-out greedy reward {curve[0][1]} outside [0.1, 0.5]"
+
+
+@pytest.mark.integration
+def test_pretraining_script_writes_a_loadable_model(side_runs):
+    out, job = side_runs["pretrained"]
+    done = job.result()["pretrained"]
     assert done.returncode == 0, done.stderr[-2000:]
     assert '"iter": 3' in done.stdout, done.stdout
     from transformers import AutoModelForImageTextToText, AutoProcessor
