@@ -55,6 +55,7 @@ class DiffusionPolicy:
         self.reference_model = None
         self.keep_means = False                          # GRPO-Guard RatioNorm: record the rollout's step means
         self.nft_old = None                              # DiffusionNFT: the old (sampling) policy, nft.OldPolicy
+        self._check = None                               # interruptible rollouts: () -> weights version (interrupt_with)
         self.sched = family.schedule(cfg.rollout_steps, cfg.sde_schedule)
         self.eval_sched = family.schedule(cfg.eval_steps, cfg.sde_schedule)
         self.text_cache = TextCache(lambda p: family.encode([p])[0], cfg.text_cache_size, family.text_encoders())
@@ -115,7 +116,7 @@ class DiffusionPolicy:
         sampler = self.nft_old.active() if self.nft_old is not None else contextlib.nullcontext()
         with self._autocast(), sampler, self._gathered():                    # all prompts in one batch
             traj = denoise(self._denoiser(self.model, self.sched), torch.cat(xs).contiguous(), cond_rows, plan,
-                           self.cfg.noise_level, gens, keep_means=self.keep_means)
+                           self.cfg.noise_level, gens, keep_means=self.keep_means, between=self._check)
         images, samples = self._decode(traj.final), []
         for p, (row, text) in enumerate(zip(prompts.rows, texts)):
             samples += [self._sample(row, text, im, f"step {prompts.step} prompt {prompts.index[p]} sample {g}")
@@ -128,7 +129,16 @@ class DiffusionPolicy:
                  "step_index": traj.step_index, "cond": cond_rows}
         if traj.means is not None:
             state["old_mean"] = traj.means                                   # [N, T, ...] mu_old (RatioNorm)
-        return Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask, group=group, state=state)
+        versions = None
+        if traj.step_versions is not None:                                   # interrupted: per trained step
+            versions = traj.step_versions[traj.step_index.cpu()]               # [N, T]
+        return Rollout(samples=samples, log_probs=traj.log_probs, mask=traj.mask, group=group, state=state,
+                       versions=versions)
+
+    def interrupt_with(self, check) -> None:
+        """Interruptible rollouts (`mmrl.types.Interruptible`): `check` runs before each denoising step and may
+        load newer weights; each trained transition's log-prob is scored with the weights of its step."""
+        self._check = check
 
     def _decode(self, latents: torch.Tensor) -> list:
         """Images of latents [B, ...], decoded `decode_batch` rows per call with the last call padded, so

@@ -33,6 +33,7 @@ class Trajectories:
     mask: Tensor         # [B, T] 1 for real transitions, 0 for padding
     log_probs: Tensor | None  # [B, T] log-prob of each trained transition at sampling time
     means: Tensor | None = None  # [B, T, ...] SDE-step mean of each trained transition (keep_means), zeros at padding
+    step_versions: Tensor | None = None  # [S] int64 weights version of each denoising step (interruptible rollouts)
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,13 @@ def _draw(z: Tensor, generator: torch.Generator | list | None) -> Tensor:
 
 
 def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: float,
-            generator: torch.Generator | list | None, keep_means: bool = False) -> Trajectories:
+            generator: torch.Generator | list | None, keep_means: bool = False, between=None) -> Trajectories:
     """Sample B trajectories from x [B, ...] (x_S), conditioned on `conds` (one Cond per row).
     `generator`: one generator, or a list of them each owning an equal consecutive block of rows.
     `keep_means`: also return each trained transition's SDE-step mean (GRPO-Guard's mu_old).
+    `between`: interruptible rollouts (`mmrl.types.Interruptible`): called before each denoising step, it may
+    load newer weights and returns the version loaded; the step runs with those weights, so its mean and
+    log-prob are theirs, and `step_versions` records it.
 
     Each step is mean = a x + b out and x' = mean + std z with the step's coefficients as 0-dim tensors;
     the trained transitions are scored after the loop, all at once, by the `gaussian_log_prob` that
@@ -77,7 +81,10 @@ def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: fl
     index = torch.arange(s, device=x.device)[:, None].expand(s, b)           # [S, B] step of each row
     z = torch.empty(x.shape, device=x.device, dtype=torch.float32)          # [B, ...] the noise, drawn per step
     kept, means = {}, {}                                                      # position / step -> [B, ...]
+    versions = torch.zeros(s, dtype=torch.long)                              # [S]
     for i in range(s):
+        if between is not None:                                               # a step boundary: newer weights?
+            versions[i] = between()
         if keep[i]:
             kept[i] = x
         out = predict(d.family, d.model, x, index[i], conds, d.sched, d.guidance, d.chunk)  # [B, ...]
@@ -92,7 +99,8 @@ def denoise(d: Denoiser, x: Tensor, conds: list, plan: StepPlan, noise_level: fl
     traj = _pack(x, kept, need, plan.trained)
     mean = _stack_means(means, plan.trained, x)                               # [B, T, ...]
     logp = _score(traj, mean, d.sched.coefs(noise_level))                     # [B, T]
-    return dataclasses.replace(traj, log_probs=logp, means=mean if keep_means else None)
+    return dataclasses.replace(traj, log_probs=logp, means=mean if keep_means else None,
+                               step_versions=versions if between is not None else None)
 
 
 def _stack_means(means: dict, trained: Tensor, final: Tensor) -> Tensor:

@@ -164,7 +164,7 @@ class Policy(Protocol):
     are split over processes.
 
     What only some adapters can do is a capability, a protocol of its own below (`HasReference`, `Evaluates`,
-    `Exports`, `ForwardProcess`, `Shardable`, `HasExtraState`). An adapter writes the members of the ones it
+    `Exports`, `ForwardProcess`, `Shardable`, `Interruptible`, `HasExtraState`). An adapter writes the members of the ones it
     serves; it inherits nothing from these classes (they are checked with isinstance, never subclassed), and
     `check_capabilities` refuses a run that needs one its policy lacks, at build, naming the config key.
     """
@@ -236,6 +236,21 @@ class Shardable(Protocol):
     `BuildContext.shard`."""
 
     def on_shard(self) -> None: ...
+
+
+@runtime_checkable
+class Interruptible(Protocol):
+    """Rollouts that take newer weights between two actions (interruptible rollouts, `asynchronous.interrupt`,
+    `mmrl.loop.asynchronous.worker`). After `interrupt_with(check)`, `rollout` calls `check()` between two
+    actions (after each sampled token of a reply, before each denoising step); `check` loads the newest weights
+    the learner has published when they are newer than the loaded ones and returns the version now loaded. When
+    the version changed, the rollout goes on from what it has sampled under the new weights (a reply's prefix is
+    computed again with them: no key/value cache of the old weights is reused) and writes, per action, the version
+    that produced it in `Rollout.versions`. Its `Rollout.log_probs` are then either each action's log-prob under
+    the weights that produced it (a sampler whose log-probs are a by-product of sampling) or None, and the
+    worker computes them per version with the training forward. `interrupt_with(None)` removes the check."""
+
+    def interrupt_with(self, check) -> None: ...
 
 
 @runtime_checkable

@@ -18,18 +18,26 @@ holds the rows of one prompt only (by default all its G rows), so no prompt is p
 another and a prompt's completions are bit-identical however the step's prompts are split over
 processes; `generate_rows_per_call` > G packs whole prompts into one left-padded call (same
 random draws, tokens equal up to the rounding of attention over a different padded width).
+
+Interruptible rollouts (`asynchronous.interrupt`, `mmrl.types.Interruptible`): with a `check` installed, every
+sampled token is followed by `check()`, which may load newer weights; when it did, the call stops at that token
+boundary and the unfinished rows go on from their prompt plus what they have sampled, under the new weights,
+with their own generators (no draw is repeated or skipped) and the remaining token budget. The prefix is
+prefilled again with the new weights (AReaL discards the old key/value cache likewise), so each token is what
+the weights that produced it sample given everything before it; `last_versions` holds each token's version.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
-from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import (LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList,
+                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from vlm.batch import collate, layout_for
 from vlm.prefix import decode, reason_unshared
+from vlm.prompts import PromptInputs
 
 VISION_TOKEN_KEYS = ("image_token_id", "image_token_index", "video_token_id", "vision_start_token_id",
                      "vision_end_token_id", "boi_token_id", "eoi_token_id", "boi_token_index", "eoi_token_index",
@@ -114,6 +122,33 @@ class SeededSampler(LogitsProcessor):
         return torch.full_like(scores, -float("inf")).scatter_(1, token, 0.0)                        # [B, V]
 
 
+class WeightsChanged(StoppingCriteria):
+    """Stops every row of a generate call at the first token boundary where `check()` (which may load newer
+    weights) returns a version other than `version`; `now` is the version it returned last."""
+
+    def __init__(self, check, version: int):
+        self.check, self.version, self.now = check, version, version
+
+    def poll(self) -> bool:
+        """Call `check` (at a token boundary); whether the weights changed since the call began."""
+        self.now = self.check()
+        return self.changed
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.poll(), dtype=torch.bool, device=input_ids.device)
+
+    @property
+    def changed(self) -> bool:
+        return self.now != self.version
+
+
+def extend_prompt(prompt: PromptInputs, tokens: torch.Tensor) -> PromptInputs:
+    """`prompt` followed by sampled text tokens [t] (their per-token inputs are text's: 0)."""
+    tokens = tokens.to(prompt.input_ids)
+    token_inputs = {k: torch.cat([v, v.new_zeros(len(tokens))]) for k, v in prompt.token_inputs.items()}
+    return replace(prompt, input_ids=torch.cat([prompt.input_ids, tokens]), token_inputs=token_inputs)
+
+
 def _trim(row: torch.Tensor, stop_ids: list[int]) -> tuple[torch.Tensor, bool]:
     """The completion up to and including its first stop token; (tokens, ended_with_stop)."""
     hits = torch.isin(row, torch.tensor(stop_ids, device=row.device)).nonzero()
@@ -143,6 +178,8 @@ class HFBackend:
         self.blocked, self.stop_ids, self.rows_per_call = blocked, stop_ids, rows_per_call
         self.share_prefix = share_prefix   # policy.share_prefix_generation: prefill once per prompt (vlm.prefix)
         self.synced = False      # FSDP with per-block gathers (distributed.rollout=sharded): ranks decode in lockstep
+        self.check = None        # interruptible rollouts: () -> the loaded weights' version, may load newer ones
+        self.last_versions: list[torch.Tensor] | None = None   # the last `sample`'s [t] version of each token
 
     def before_rollout(self, parts, step: int) -> None:
         """Nothing to synchronise: generation runs on the trained module itself."""
@@ -165,18 +202,45 @@ class HFBackend:
         """A verified model, and no lockstep decoding across ranks (FSDP's per-block gathers)."""
         return self.share_prefix and not self.synced and reason_unshared(self.hf) is None
 
-    def _generate(self, rows: list, spec: SamplingSpec, generators: list | None, device) -> list:
-        if self._shares():                    # each distinct prompt prefilled once (vlm.prefix)
+    def _generate(self, rows: list, spec: SamplingSpec, generators: list | None, device, stop=None,
+                  share: bool = True) -> list:
+        """[(completion tokens, ended_with_stop)] per row; `stop`: a `WeightsChanged` ending the call early."""
+        if share and self._shares():          # each distinct prompt prefilled once (vlm.prefix)
             distinct = list({id(x): x for x in rows}.values())
             where = {id(x): i for i, x in enumerate(distinct)}
             batch = collate(distinct, None, layout_for(distinct, None), self.pad_id, self.image_token_id, device)
             out = decode(self.hf, batch, torch.tensor([where[id(x)] for x in rows]),
                          self._kwargs(spec, generators)["logits_processor"], spec.max_new_tokens, self.stop_ids,
-                         self.pad_id)                                                   # [B, new]
-            return [_trim(row, self.stop_ids) for row in out]
+                         self.pad_id, stop=None if stop is None else stop.poll)
+            return [_trim(row, self.stop_ids) for row in out]                          # out: [B, new]
         batch = collate(rows, None, layout_for(rows, None), self.pad_id, self.image_token_id, device)
-        out = self.hf.generate(**batch, **self._kwargs(spec, generators))              # [B, P + new]
+        extra = {} if stop is None else {"stopping_criteria": StoppingCriteriaList([stop])}
+        out = self.hf.generate(**batch, **self._kwargs(spec, generators), **extra)     # [B, P + new]
         return [_trim(row, self.stop_ids) for row in out[:, batch["input_ids"].shape[1]:]]
+
+    def _interruptible(self, rows: list, spec: SamplingSpec, generators: list, device) -> list:
+        """[(completion tokens, ended_with_stop, [t] version of each token)] per row, loading newer weights at
+        token boundaries (`check`): each part a generate call of the rows still unfinished, from their prompt
+        and what they sampled so far, with the tokens left of the budget."""
+        version, n = self.check(), len(rows)
+        parts, versions, ended = [[] for _ in range(n)], [[] for _ in range(n)], [False] * n
+        live, budget, first = list(range(n)), spec.max_new_tokens, True
+        while live and budget > 0:
+            stop = WeightsChanged(self.check, version)
+            part_rows = [rows[i] if first else extend_prompt(rows[i], torch.cat(parts[i])) for i in live]
+            out = self._generate(part_rows, replace(spec, max_new_tokens=budget), [generators[i] for i in live],
+                                 device, stop=stop, share=first)
+            for i, (tokens, done) in zip(live, out):
+                parts[i].append(tokens)
+                versions[i].append(torch.full((len(tokens),), version, dtype=torch.long))
+                ended[i] = done
+            if not stop.changed:                                # the call ran to its end with one version
+                break
+            budget -= max(len(tokens) for tokens, _ in out)     # the unfinished rows all sampled this many
+            live, version, first = [i for i in live if not ended[i]], stop.now, False
+        empty = torch.zeros(0, dtype=torch.long)
+        return [(torch.cat(parts[i]) if parts[i] else empty, ended[i], torch.cat(versions[i]) if versions[i] else empty)
+                for i in range(n)]
 
     @torch.no_grad()
     def sample_rows(self, rows: list, spec: SamplingSpec, row_seeds: list[int] | None, device) -> list:
@@ -200,7 +264,8 @@ class HFBackend:
         prompts, `rows_per_call` at a time (every process evaluates the same batches)."""
         was_training = self.hf.training
         self.hf.eval()
-        results: dict[tuple[int, int], tuple[torch.Tensor, bool]] = {}
+        results: dict[tuple[int, int], tuple] = {}
+        interrupt = self.check is not None and not spec.greedy
         try:
             if spec.greedy:
                 keys = [(p, j) for p in range(len(prompts)) for j in range(group_size)]
@@ -211,8 +276,12 @@ class HFBackend:
             for call in calls:
                 gens = None if spec.greedy else [torch.Generator().manual_seed(sample_seed(seeds[p], j))
                                                  for p, j in call]
-                results.update(zip(call, self._generate([prompts[p] for p, _ in call], spec, gens, device)))
+                rows = [prompts[p] for p, _ in call]
+                out = self._interruptible(rows, spec, gens, device) if interrupt else self._generate(rows, spec, gens,
+                                                                                                      device)
+                results.update(zip(call, out))
         finally:
             self.hf.train(was_training)
         ordered = [results[(p, j)] for p in range(len(prompts)) for j in range(group_size)]
-        return [c for c, _ in ordered], [e for _, e in ordered]
+        self.last_versions = [r[2] for r in ordered] if interrupt else None
+        return [r[0] for r in ordered], [r[1] for r in ordered]

@@ -236,9 +236,26 @@ class VLMCommon(abc.ABC):
         m.processor.save_pretrained(folder)
 
 
+def _padded_versions(per_row: list, t: int) -> torch.Tensor:
+    """[N, T] version of each token from each row's [t_i] (padding repeats the row's last version)."""
+    out = torch.zeros(len(per_row), t, dtype=torch.long)
+    for i, v in enumerate(per_row):
+        out[i, :len(v)] = v
+        out[i, len(v):] = v[-1] if len(v) else 0
+    return out
+
+
 class VLMPolicy(VLMCommon):
     """The single-turn policy: G completions per prompt record; an action is a generated token.
-    Scored rollouts hold per row the prompt, the completion ids and the layout (`vlm.batch.Layout`)."""
+    Scored rollouts hold per row the prompt, the completion ids and the layout (`vlm.batch.Layout`).
+    Interruptible (`mmrl.types.Interruptible`) on the HF backend: a reply stops at a token boundary when newer
+    weights arrive and goes on under them (`vlm.generation`); its log-probs are then left to the worker, which
+    scores each token under the weights that produced it."""
+
+    def interrupt_with(self, check) -> None:
+        if check is not None and self.cfg.backend != "hf":
+            raise ValueError(f"policy.backend={self.cfg.backend}: interruptible rollouts need the hf backend")
+        self.p.backend.check = check
 
     @torch.no_grad()
     def _prompts(self, prompts: PromptBatch) -> list:
@@ -283,7 +300,11 @@ class VLMPolicy(VLMCommon):
         t = layout.width - layout.prompt_width
         lengths = torch.tensor([c.numel() for c in completions], device=self.device)
         mask = (torch.arange(t, device=self.device)[None, :] < lengths[:, None]).float()      # [N, T]
-        logp = self._score(rows, completions, layout) if self.cfg.old_log_probs == "rollout" else None  # [N, T]
+        interrupted = getattr(self.p.backend, "last_versions", None)          # [t] per row: interruptible
+        logp = None                                                          # deferred, or scored per version
+        if self.cfg.old_log_probs == "rollout" and interrupted is None:
+            logp = self._score(rows, completions, layout)                    # [N, T]
+        versions = None if interrupted is None else _padded_versions(interrupted, t)  # [N, T]
         n = len(rows)
         return Rollout(
             samples=self._samples(rows, completions, ended, prompts, group_size, f"step {prompts.step}"),
@@ -291,7 +312,7 @@ class VLMPolicy(VLMCommon):
             state={"prompt": rows, "completion": completions,
                    "prompt_width": torch.full((n,), layout.prompt_width, dtype=torch.long),
                    "width": torch.full((n,), layout.width, dtype=torch.long)},
-            engine_log_probs=self._engine_log_probs(n, t))
+            engine_log_probs=self._engine_log_probs(n, t), versions=versions)
 
     def _engine_log_probs(self, n: int, t: int) -> torch.Tensor | None:
         """[N, T] vLLM's own log-probs of the sampled tokens (NaN where it reported none: a stop token it left

@@ -138,11 +138,12 @@ def score_hidden(hf, batch: dict, completions: list, width: int, pad_id: int) ->
 
 @torch.no_grad()
 def decode(hf, batch: dict, index: torch.Tensor, processors, max_new_tokens: int, stop_ids: list,
-           pad_id: int) -> torch.Tensor:
+           pad_id: int, stop=None) -> torch.Tensor:
     """Continuations [n, t] (t <= max_new_tokens) of rows whose prompt is row `index[r]` of `batch` (the
     distinct prompts, left-padded): each prompt prefilled once, then greedy decoding of the processed
     scores, as `generate(do_sample=False, logits_processor=processors)` does; rows that reached a stop
-    token are padded with `pad_id`; decoding stops when every row has."""
+    token are padded with `pad_id`; decoding stops when every row has, or after a token where `stop()`
+    (a stopping criterion, called once per token boundary) returns True."""
     head, device = hf.get_output_embeddings(), batch["input_ids"].device
     index = index.to(device)
     n = int(index.numel())
@@ -163,7 +164,7 @@ def decode(hf, batch: dict, index: torch.Tensor, processors, max_new_tokens: int
         new.append(token)
         seq = torch.cat([seq, token[:, None]], 1)
         live &= ~torch.isin(token, stops)
-        if not live.any() or t == max_new_tokens - 1:
+        if not live.any() or t == max_new_tokens - 1 or (stop is not None and stop()):
             break
         mask = None
         if padded:

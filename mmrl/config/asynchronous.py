@@ -16,6 +16,11 @@ How the bound is kept (`on_stale`, the `STALENESS` registry; one `StalenessRule`
     drop   generators start a plan whenever one is free (with the newest weights they have); a finished
            batch older than the bound when the learner reaches it is discarded whole
            (async/dropped_groups) and the learner takes the next
+
+Interruptible rollouts (`interrupt: true`): a worker sampling a plan takes each newer version as soon as the
+learner publishes it, at the next action boundary (a token of a reply, a denoising step), and goes on with it, so
+a sample's later actions come from newer weights than its first (never older: the bound above, which counts from a
+plan's first version, still holds). Each action's behaviour log-prob is the one of the weights that produced it.
 """
 
 from __future__ import annotations
@@ -37,10 +42,14 @@ class AsyncConfig:
     rollout_workers: int = 1               # Ray actors that each hold a policy copy and sample step batches
     cpus_per_worker: float = 1.0           # Ray resources of each rollout worker
     gpus_per_worker: float = 0.0
+    reward_workers: int = 0                # Ray actors that score the rollout workers' samples (0: each rollout worker scores its own)
+    cpus_per_reward_worker: float = 1.0    # Ray resources of each reward worker
+    gpus_per_reward_worker: float = 0.0
     worker_resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources each worker needs, e.g. {rollout: 1} to place workers on nodes started with `ray start --resources '{"rollout": 4}'`
     max_staleness: int = 0                 # eta: no trained action is more than eta policy versions old
     on_stale: str = "pace"                 # pace (start no plan that would break the bound) | drop (discard stale batches)
     timeout_s: float = 600.0               # longest wait for a rollout worker's batch before the run stops with an error
+    interrupt: bool = False                # interruptible rollouts: running samples take newer weights at the next token / denoising step
     max_restarts: int = 3                  # a rollout worker that dies (killed, OOM, a crash) is restarted by Ray this many times; its plan is sampled again from its seeds
 
 
@@ -84,10 +93,10 @@ def check(cfg) -> None:
     if importlib.util.find_spec("ray") is None:
         raise ConfigError("config key 'asynchronous.enabled' is true, but Ray is not installed: "
                           "pip install -e \".[ray]\" (or set asynchronous.enabled=false)")
-    for key, low in (("rollout_workers", 1), ("max_staleness", 0), ("max_restarts", 0)):
+    for key, low in (("rollout_workers", 1), ("reward_workers", 0), ("max_staleness", 0), ("max_restarts", 0)):
         if getattr(a, key) < low:
             raise ConfigError(f"config key 'asynchronous.{key}' must be >= {low}, got {getattr(a, key)}")
-    for key in ("cpus_per_worker", "gpus_per_worker"):
+    for key in ("cpus_per_worker", "gpus_per_worker", "cpus_per_reward_worker", "gpus_per_reward_worker"):
         if getattr(a, key) < 0:
             raise ConfigError(f"config key 'asynchronous.{key}' must be >= 0, got {getattr(a, key)}")
     for name, amount in a.worker_resources.items():
@@ -120,6 +129,9 @@ def _check_combinations(cfg) -> None:
         "policy.backend": (getattr(cfg.policy, "backend", "hf") == "vllm",
                            "vllm (each rollout worker would need its own engine and weight push; use hf)"),
     }
+    if cfg.asynchronous.interrupt:
+        refused["asynchronous.interrupt"] = (cfg.env is not None, "true with an env section (multi-turn episodes "
+                                             "are not interrupted yet: set asynchronous.interrupt=false)")
     for key, (bad, why) in refused.items():
         if bad:
             raise ConfigError(f"config key '{key}' is {why}: not supported with asynchronous.enabled=true")

@@ -110,6 +110,13 @@ class Generator:
 
     def _round(self, step: int, rnd: int) -> tuple[Rollout, torch.Tensor, dict]:
         """Sample one round of prompts on this process and score it."""
+        rollout = self.sample(step, rnd)
+        scores, metrics = self.rewards.score(rollout.samples)               # [N, K]
+        return rollout, scores, metrics
+
+    def sample(self, step: int, rnd: int = 0) -> Rollout:
+        """One round of this process's prompts, sampled and stamped with versions, not scored (asynchronous
+        reward workers score it elsewhere; `next_batch(step, scored=...)` then makes the batch)."""
         g, p_total, p_local = self.train.group_size, self.train.prompts_per_step, self.prompts_per_process
         global_idx = self.sampler.take(p_total)                              # same on every process
         lo = self.process_index * p_local
@@ -122,18 +129,19 @@ class Generator:
                                f"group_size {g}")
         if rollout.versions is None:                                         # one version made every action
             rollout = replace(rollout, versions=torch.full(rollout.mask.shape, self.version, dtype=torch.long))
-        scores, metrics = self.rewards.score(rollout.samples)               # [N, K]
-        return rollout, scores, metrics
+        return rollout
 
-    def next_batch(self, step: int) -> StepBatch:
-        """The training batch of `step` (0-based): rounds of rollouts until the filter keeps enough groups."""
+    def next_batch(self, step: int, scored: tuple | None = None) -> StepBatch:
+        """The training batch of `step` (0-based): rounds of rollouts until the filter keeps enough groups.
+        `scored`: the first round's (rollout, scores [N, K], reward metrics), sampled and scored elsewhere
+        (asynchronous reward workers)."""
         g, a, rewards = self.train.group_size, self.algo, self.rewards
         keep_fn = FILTERS.resolve(a.filter.name, "algo.filter.name")
         resamples = a.filter.name in RESAMPLING
         rounds = 1 + (a.filter.max_resample_rounds if resamples else 0)
         kept_rollouts, kept_scores, first_metrics, n_kept = [], [], None, 0
         for rnd in range(rounds):
-            rollout, scores, metrics = self._round(step, rnd)
+            rollout, scores, metrics = scored if scored is not None and rnd == 0 else self._round(step, rnd)
             total = weighted_total(scores, rewards.weights)                  # [N]
             keep = keep_fn(_groups(total, g), a.filter.keep_frac)            # [P]
             if first_metrics is None:

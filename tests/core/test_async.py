@@ -36,12 +36,22 @@ def _load(*overrides: str, path: str = BANDIT):
     ("asynchronous.address=somewhere", "'asynchronous.address' must be null"),
     ("asynchronous.worker_resources={rollout: 0}", "'asynchronous.worker_resources.rollout' must be a number > 0"),
     ("asynchronous.max_restarts=-1", "'asynchronous.max_restarts' must be >= 0"),
+    ("asynchronous.reward_workers=-1", "'asynchronous.reward_workers' must be >= 0"),
+    ("asynchronous.cpus_per_reward_worker=-1", "'asynchronous.cpus_per_reward_worker' must be >= 0"),
     ("algo.filter.name=dynamic", "'algo.filter.name' is dynamic"),
     ("distributed.strategy=fsdp", "'distributed.strategy' is fsdp"),
+    ("asynchronous.interrupt=true", None),
 ])
 def test_the_section_is_checked_at_load(override, message):
     from mmrl.config import ConfigError
 
+    if message is None:                                # allowed here; refused with an env section
+        _load("asynchronous.enabled=true", override)
+        message, override = "'asynchronous.interrupt' is true with an env section", override
+        with pytest.raises(ConfigError, match=message):
+            _load("asynchronous.enabled=true", override, path=os.path.join(REPO, "configs", "tiny",
+                                                                          "agent_frozenlake.yaml"))
+        return
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         _load("asynchronous.enabled=true", override)
 
@@ -139,13 +149,14 @@ def test_eta_0_with_one_worker_trains_what_the_synchronous_trainer_trains(ray_cl
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
-def _versions(run_dir) -> list[tuple[int, list[int]]]:
-    """(training step, every trained action's version) per samples file."""
+def _versions(run_dir, per_sample: bool = False) -> list[tuple[int, list[int]]]:
+    """(training step, every trained action's version) per samples file, or per sample."""
     folder = os.path.join(run_dir, "samples")
     out = []
-    for name in sorted(f for f in os.listdir(folder) if f.startswith("step_")):
+    for name in sorted(f for f in os.listdir(folder) if f.startswith("step_") and f.endswith(".jsonl")):
         step = int(name[len("step_"):-len(".jsonl")]) - 1                      # file step_k: trained at step k-1
-        out.append((step, [v for line in open(os.path.join(folder, name)) for v in json.loads(line)["versions"]]))
+        samples = [json.loads(line)["versions"] for line in open(os.path.join(folder, name))]
+        out += [(step, v) for v in samples] if per_sample else [(step, [v for vs in samples for v in vs])]
     return out
 
 
@@ -161,6 +172,33 @@ def test_eta_2_with_two_workers_trains_no_action_older_than_2_and_pace_drops_non
     assert sum(r["async/dropped_groups"] for r in rows) == 0
     assert max(r["async/staleness/max"] for r in rows) == max(ages)
     assert rows[-1]["reward/mean"] > rows[0]["reward/mean"]                      # it still learns
+
+
+@pytest.mark.integration
+def test_interrupted_replies_take_newer_weights_within_the_bound(ray_cluster, tmp_path, train_rows):
+    """The tiny VLM, eta = 1, two workers, asynchronous.interrupt: each new version is offered to the sampling
+    workers, which take it after their current token (or before the next prompt's first). Along each reply the
+    versions never go back, no trained token is more than 1 version old, and some plans took a version newer
+    than the one they started with: with pace, plan p + 1 starts when version p is published and is still
+    sampling when the learner publishes version p + 1 (sampling is slower than the update here). Whether a
+    version lands inside a reply or between two prompts depends on timing; `async/interrupted_frac` counts the
+    replies that span versions. `tests/core/test_interrupt.py` checks, in process, an interrupted reply's tokens
+    and its behaviour log-probs."""
+    path = os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml")
+    run = _train(path, tmp_path / "run", "max_steps=6", "logging.save_samples_every=1", "eval.every=0",
+                 "checkpoint.every=0", "algo.objective=decoupled", "asynchronous.enabled=true",
+                 "asynchronous.rollout_workers=2", "asynchronous.max_staleness=1", "asynchronous.interrupt=true")
+    per_sample = _versions(run, per_sample=True)
+    assert len({step for step, _ in per_sample}) == 6
+    assert all(versions == sorted(versions) for _, versions in per_sample)
+    ages = [step - v for step, versions in per_sample for v in versions]
+    assert min(ages) >= 0 and max(ages) <= 1
+    rows = train_rows(run)
+    started = {r["step"] - 1: r["async/version"] for r in rows}
+    assert any(max(versions) > started[step] for step, versions in per_sample), "no plan took newer weights"
+    spans = [len(set(versions)) > 1 for _, versions in per_sample]
+    assert sum(r["async/interrupted_frac"] for r in rows) == pytest.approx(sum(spans) / (len(spans) / 6))
+    assert sum(r["async/dropped_groups"] for r in rows) == 0
 
 
 @pytest.mark.integration
@@ -202,15 +240,19 @@ def test_a_resumed_run_that_discarded_plans_trains_to_its_last_step(ray_cluster,
 
 
 @pytest.mark.integration
-def test_a_killed_rollout_worker_is_restarted_and_its_plan_sampled_again(ray_cluster, tmp_path, train_rows):
-    """A worker SIGKILLs itself while scoring plan 2 (tests/core/dying_reward.py); Ray restarts it and sends the
-    plan again, so the run trains every plan exactly once: the same rows and samples as the synchronous run."""
+@pytest.mark.parametrize("reward_workers", [0, 1], ids=["rollout_worker", "reward_worker"])
+def test_a_killed_worker_is_restarted_and_its_plan_sampled_again(ray_cluster, tmp_path, train_rows, reward_workers):
+    """The worker that scores SIGKILLs itself while scoring plan 2 (tests/core/dying_reward.py): the rollout worker,
+    or with asynchronous.reward_workers=1 the reward worker. Ray restarts it and sends the plan again, so the run
+    trains every plan exactly once: the same rows and samples as the synchronous run (a reward worker pool with
+    eta = 0 trains what the synchronous trainer trains)."""
     marker = tmp_path / "died"
     reward = (f"rewards=[{{name: '{os.path.join(REPO, 'tests', 'core', 'dying_reward.py')}:match_or_die', "
               f"label: match, marker: '{marker}', driver_pid: {os.getpid()}, die_on_call: 3}}]")
     common = ("max_steps=5", "eval.every=0", "logging.save_samples_every=1", reward)
     sync = _train(BANDIT, tmp_path / "sync", *common)
-    run = _train(BANDIT, tmp_path / "async", *common, "asynchronous.enabled=true")
+    run = _train(BANDIT, tmp_path / "async", *common, "asynchronous.enabled=true",
+                 f"asynchronous.reward_workers={reward_workers}")
     assert marker.exists()                                      # the worker did die
     assert _rows(run) == _rows(sync)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "versions"} for r in rows]   # noqa: E731
@@ -256,6 +298,9 @@ def test_more_workers_than_the_cluster_holds_is_a_config_error(ray_cluster, tmp_
     with pytest.raises(ConfigError, match=r"'asynchronous.rollout_workers' \(3\) x 'asynchronous.cpus_per_worker' "
                                           r"\(1.0\) need 3 CPUs; the Ray cluster has 2"):
         _train(BANDIT, tmp_path / "run", "asynchronous.enabled=true", "asynchronous.rollout_workers=3")
+    with pytest.raises(ConfigError, match=r"\+ 'asynchronous.reward_workers' \(2\) x "
+                                          r"'asynchronous.cpus_per_reward_worker' \(1.0\) need 3 CPUs"):
+        _train(BANDIT, tmp_path / "run", "asynchronous.enabled=true", "asynchronous.reward_workers=2")
 
 
 @pytest.mark.integration

@@ -10,7 +10,8 @@ for the step's batch (`next_batch(step)`), the learner updates on it, and the ge
                   waits for the oldest plan not yet trained; a batch the rule refuses is discarded and the next
                   plan taken. Workers keep sampling while the learner updates: that overlap is the gain.
     receive       records the learner's new version; its weights are put in Ray's object store once, when a plan
-                  is next handed to a worker that holds an older version
+                  is next handed to a worker that holds an older version, or at once with asynchronous.interrupt,
+                  when they are offered to every worker that is sampling (it loads them at its next action)
 
 Checkpoints hold the sampler's state before the oldest plan not yet trained (and that plan's number), so a resumed
 run samples the unfinished plans again from their seeds.
@@ -37,6 +38,20 @@ class _Running:
     worker: int
     plan: int
     started: float
+    version: int = 0                 # the weights the plan was handed out with
+    samples: object = None           # with reward workers: the Ray ref of the plan's samples (the worker's 1st return)
+
+
+@dataclass
+class _Scoring:
+    """A plan sampled by a rollout worker, waiting for or being scored by a reward worker."""
+
+    plan: int
+    version: int
+    samples: object                  # Ray ref of the samples
+    rollout: object                  # the rollout without its samples
+    info: dict
+    scorer: int = -1                 # the reward worker scoring it (-1: waiting for one)
 
 
 @dataclass
@@ -55,13 +70,20 @@ class Controller:
     local:        the driver's `mmrl.loop.collect.Generator`: its `PromptSampler` (what the synchronous trainer
                   draws from), its reward set (labels) and records; it samples nothing here.
     params:       the learner's trainable parameters (pushed to the workers after each update).
+    scorers:      Ray actor handles of `RewardWorker` (asynchronous.reward_workers); empty: each rollout worker
+                  scores its own samples. With reward workers a rollout worker is free as soon as it has sampled a
+                  plan; the plan's samples go to the first free reward worker, and the driver makes the batch
+                  (group filter, advantages) from the rollout and its scores.
     prompts_per_step, group_size, max_steps: the run's sizes.
     owns_ray:     this run started Ray (`close` shuts it down).
     """
 
     def __init__(self, *, section: AsyncConfig, workers: list, local, params: list, prompts_per_step: int,
-                 group_size: int, max_steps: int, owns_ray: bool = False):
+                 group_size: int, max_steps: int, owns_ray: bool = False, scorers: list = ()):
         self.section, self.workers, self.sampler, self.params = section, workers, local.sampler, params
+        self.local, self.scorers = local, list(scorers)
+        self._scoring: dict = {}               # Ray ref of a score call (or plan, while queued) -> _Scoring
+        self._free_scorers = list(range(len(self.scorers)))
         self.rewards, self.records, self.owns_ray = local.rewards, local.records, owns_ray
         self.prompts_per_step, self.group_size, self.max_steps = prompts_per_step, group_size, max_steps
         self.rule = STALENESS.resolve(section.on_stale, "asynchronous.on_stale")
@@ -74,13 +96,17 @@ class Controller:
         self._finished: dict[int, tuple] = {}  # plan -> (batch, info)
         self._idle = list(range(len(workers)))
         self._weights: tuple[int, object] | None = None   # (version, object ref) last put
-        self.restarts = 0                      # rollout workers Ray restarted (their plans sampled again)
+        self.restarts = 0                      # workers Ray restarted (their plans sampled or scored again)
         self._clock = _Clock()
         self._sync_s = 0.0
 
     # --- the generator interface of Run.fit ---------------------------------------------------------------
     def receive(self, version: int) -> None:
         self.version = version
+        if self.section.interrupt and self._running:
+            ref = self._weights_ref()
+            for running in self._running.values():   # served beside the running plan (the actor's second thread)
+                self.workers[running.worker].offer.options(concurrency_group="offers").remote(version, [ref])
 
     def next_batch(self, step: int):
         t0 = time.perf_counter()
@@ -120,9 +146,9 @@ class Controller:
         """Stop the workers (and Ray, where this run started it)."""
         import ray
 
-        for w in self.workers:
+        for w in [*self.workers, *self.scorers]:
             ray.kill(w)
-        self.workers = []
+        self.workers, self.scorers = [], []
         if self.owns_ray:
             ray.shutdown()
 
@@ -144,8 +170,12 @@ class Controller:
         self._snapshots[plan] = self.sampler.state_dict()
         indices = self.sampler.take(self.prompts_per_step)
         # the ref travels in a list, so the worker fetches the tensors only when it lacks this version
-        ref = self.workers[worker].generate.remote(plan, indices, self.version, [self._weights_ref()])
-        self._running[ref] = _Running(worker, plan, time.perf_counter())
+        args = (plan, indices, self.version, [self._weights_ref()])
+        if self.scorers:                       # (samples, (rollout without them, info)): scored elsewhere
+            samples, ref = self.workers[worker].sample.options(num_returns=2).remote(*args)
+        else:
+            samples, ref = None, self.workers[worker].generate.remote(*args)
+        self._running[ref] = _Running(worker, plan, time.perf_counter(), self.version, samples)
 
     def _weights_ref(self):
         import ray
@@ -158,18 +188,24 @@ class Controller:
         return self._weights[1]
 
     def _wait_for(self, plan: int) -> None:
-        """Block until a running plan finishes (any: the workers are freed as they finish)."""
+        """Block until a running plan, or a plan's scoring, finishes (any: workers are freed as they finish)."""
         import ray
 
-        if not self._running:
+        scoring = [ref for ref, s in self._scoring.items() if s.scorer >= 0]
+        if not self._running and not scoring:
             raise RuntimeError(f"async: plan {plan} is neither running nor finished (version {self.version}, "
                                f"next plan {self.next_plan}); the staleness rule admitted no plan")
-        done, _ = ray.wait(list(self._running), num_returns=1, timeout=self.section.timeout_s)
+        done, _ = ray.wait(list(self._running) + scoring, num_returns=1, timeout=self.section.timeout_s)
         if not done:
-            late = ", ".join(f"worker {r.worker} (plan {r.plan})" for r in self._running.values())
-            raise RuntimeError(f"async: no rollout worker returned a batch within asynchronous.timeout_s="
-                               f"{self.section.timeout_s} s; still running: {late}")
+            late = ", ".join([f"rollout worker {r.worker} (plan {r.plan})" for r in self._running.values()]
+                             + [f"reward worker {self._scoring[r].scorer} (plan {self._scoring[r].plan})"
+                                for r in scoring])
+            raise RuntimeError(f"async: no worker returned within asynchronous.timeout_s={self.section.timeout_s} "
+                               f"s; still running: {late}")
         ref = done[0]
+        if ref in self._scoring:
+            self._scored(ref)
+            return
         running = self._running.pop(ref)
         try:
             batch, info = ray.get(ref)
@@ -182,15 +218,56 @@ class Controller:
             self.restarts += 1
             log.warning("async: rollout worker %d was restarted; plan %d was sampled again from its seeds",
                         running.worker, running.plan)
-        self._finished[running.plan] = (batch, info)
         self._idle.append(running.worker)
         self._idle.sort()
+        if running.samples is None:
+            self._finished[running.plan] = (batch, info)
+            return
+        rollout = batch                                   # sampled, not scored: to the first free reward worker
+        self._scoring[("queued", running.plan)] = _Scoring(running.plan, running.version, running.samples, rollout,
+                                                           info)
+        self._hand_scoring()
+
+    def _hand_scoring(self) -> None:
+        """Sampled plans to free reward workers, oldest first."""
+        queued = sorted((s.plan, key) for key, s in self._scoring.items() if s.scorer < 0)
+        for _, key in queued:
+            if not self._free_scorers:
+                return
+            job = self._scoring.pop(key)
+            job.scorer = self._free_scorers.pop(0)
+            self._scoring[self.scorers[job.scorer].score.remote(job.samples)] = job
+
+    def _scored(self, ref) -> None:
+        """A reward worker's scores: the plan's batch made here (group filter, advantages), as a rollout worker
+        makes it when it scores itself."""
+        import ray
+
+        job = self._scoring.pop(ref)
+        try:
+            scores, metrics, info = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeError(f"async: reward worker {job.scorer} died scoring plan {job.plan} after "
+                               f"asynchronous.max_restarts={self.section.max_restarts} restarts: {e}") from None
+        if info.get("restarted"):
+            self.restarts += 1
+            log.warning("async: reward worker %d was restarted; plan %d was scored again", job.scorer, job.plan)
+        self._free_scorers.append(job.scorer)
+        self._free_scorers.sort()
+        rollout = replace(job.rollout, samples=ray.get(job.samples))
+        batch = self.local.next_batch(job.plan, scored=(rollout, scores, metrics))
+        self._finished[job.plan] = (replace(batch, version=job.version), job.info)
+        self._hand_scoring()
 
     # --- metrics -------------------------------------------------------------------------------------------
     def _metrics(self, batch, step: int, wait: float, dropped_groups: int, info: dict) -> dict:
         ro = batch.rollout
         mask = ro.mask.bool()
         age = (step - ro.versions)[mask].float() if ro.versions is not None and mask.any() else torch.zeros(1)
+        spans = 0.0                                                      # samples whose actions span versions
+        if ro.versions is not None and len(ro):
+            v, m = ro.versions.cpu(), mask.cpu()
+            spans = float((torch.where(m, v, -1).amax(1) > torch.where(m, v, 1 << 62).amin(1)).float().mean())
         now = time.perf_counter()
         window = max(now - self._clock.window_start, 1e-9)
         busy = self._clock.busy + sum(now - max(r.started, self._clock.window_start) for r in self._running.values())
@@ -203,6 +280,7 @@ class Controller:
             "async/generator_idle_frac": mean(max(0.0, 1.0 - busy / (n * window))),
             "async/weight_sync_s": mean(self._sync_s + float(info.get("load_s", 0.0))),
             "async/version": mean(float(batch.version)),
+            "async/interrupted_frac": mean(spans),
             "async/worker_restarts": summed(self.restarts),
         }
         self._clock, self._sync_s = _Clock(window_start=now), 0.0
@@ -225,18 +303,24 @@ def start(cfg, local, params) -> Controller:
     custom = [(f"worker_resources.{name}", amount, name) for name, amount in a.worker_resources.items()]
     for key, per, resource in [("cpus_per_worker", a.cpus_per_worker, "CPU"),
                                ("gpus_per_worker", a.gpus_per_worker, "GPU"), *custom]:
-        need = per * a.rollout_workers
+        reward_key = {"CPU": "cpus_per_reward_worker", "GPU": "gpus_per_reward_worker"}.get(resource)
+        reward_per = getattr(a, reward_key) if reward_key else 0.0
+        need = per * a.rollout_workers + reward_per * a.reward_workers
         if need > have.get(resource, 0.0) + 1e-9:
             if owns_ray:
                 ray.shutdown()
+            reward = (f" + 'asynchronous.reward_workers' ({a.reward_workers}) x 'asynchronous.{reward_key}' "
+                      f"({reward_per})") if reward_per and a.reward_workers else ""
             raise ConfigError(f"config keys 'asynchronous.rollout_workers' ({a.rollout_workers}) x "
-                              f"'asynchronous.{key}' ({per}) need {need:g} {resource}s; the Ray cluster has "
-                              f"{have.get(resource, 0.0):g}")
-    from mmrl.loop.asynchronous.worker import RolloutWorker
+                              f"'asynchronous.{key}' ({per}){reward} need {need:g} {resource}s; the Ray cluster "
+                              f"has {have.get(resource, 0.0):g}")
+    from mmrl.loop.asynchronous.worker import RewardWorker, RolloutWorker
 
     # a worker that dies is rebuilt and its running call sent again: the plan is sampled again from its seeds
+    # offers of newer weights (asynchronous.interrupt) run on a thread of their own, beside the running plan
     actor = ray.remote(num_cpus=a.cpus_per_worker, num_gpus=a.gpus_per_worker, resources=dict(a.worker_resources),
-                       max_restarts=a.max_restarts, max_task_retries=a.max_restarts)(RolloutWorker)
+                       max_restarts=a.max_restarts, max_task_retries=a.max_restarts,
+                       concurrency_groups={"offers": 1})(RolloutWorker)
     text = to_yaml(cfg)
     threads = max(1, int(a.cpus_per_worker))
     # deferred log-probs are the first training forward's own values: right only for on-policy batches
@@ -245,17 +329,24 @@ def start(cfg, local, params) -> Controller:
         log.warning("asynchronous.max_staleness=%d with algo.objective=pg clips around the stale behaviour policy; "
                     "algo.objective=decoupled anchors the clip at the current weights and weights each action by "
                     "pi_prox / pi_behav (AReaL, arXiv 2505.24298)", a.max_staleness)
-    workers = [actor.remote(text, i, cwd=os.getcwd(), behaviour=behaviour, threads=threads)
-               for i in range(a.rollout_workers)]
+    scores = a.reward_workers == 0                         # else the reward workers score
+    workers = [actor.remote(text, i, cwd=os.getcwd(), behaviour=behaviour, threads=threads, interrupt=a.interrupt,
+                            scores=scores) for i in range(a.rollout_workers)]
+    # a reward worker that dies is rebuilt likewise, and the plan it was scoring scored again
+    scorer = ray.remote(num_cpus=a.cpus_per_reward_worker, num_gpus=a.gpus_per_reward_worker,
+                        max_restarts=a.max_restarts, max_task_retries=a.max_restarts)(RewardWorker)
+    scorers = [scorer.remote(text, i, cwd=os.getcwd(), threads=max(1, int(a.cpus_per_reward_worker)))
+               for i in range(a.reward_workers)]
     try:
-        placed = ray.get([w.ready.remote() for w in workers], timeout=a.timeout_s)
+        placed = ray.get([w.ready.remote() for w in [*workers, *scorers]], timeout=a.timeout_s)
     except ray.exceptions.GetTimeoutError:
-        raise RuntimeError(f"async: the {a.rollout_workers} rollout workers were not built within "
-                           f"asynchronous.timeout_s={a.timeout_s} s (does the cluster have the resources?)") from None
+        raise RuntimeError(f"async: the {a.rollout_workers} rollout workers and {a.reward_workers} reward workers "
+                           f"were not built within asynchronous.timeout_s={a.timeout_s} s (does the cluster have the "
+                           "resources?)") from None
     here = ray.get_runtime_context().get_node_id()
     for p in placed:
         where = "this node" if p["node"] == here else f"node {p['node'][:12]} ({p['ip']})"
-        print(f"mmrl: rollout worker {p['worker']} on {where}, pid {p['pid']}", flush=True)
+        print(f"mmrl: {p['role']} {p['worker']} on {where}, pid {p['pid']}", flush=True)
     return Controller(section=a, workers=workers, local=local, params=params,
                       prompts_per_step=cfg.train.prompts_per_step, group_size=cfg.train.group_size,
-                      max_steps=cfg.max_steps, owns_ray=owns_ray)
+                      max_steps=cfg.max_steps, owns_ray=owns_ray, scorers=scorers)

@@ -10,6 +10,13 @@ come from (run seed, step, position)), scores them, filters the groups and compu
 With max_staleness > 0 a batch may be trained by newer weights than sampled it, so an adapter's deferred
 log-probs (`Rollout.log_probs is None`: the first training forward's own values) would be wrong; the worker then
 computes the behaviour log-probs itself, with the same forward and no grad, before returning the batch.
+
+Interruptible rollouts (asynchronous.interrupt): the controller offers each new version to the workers that are
+sampling (`offer`, served beside the running `generate` by a second thread of the actor); the policy calls
+`check` between two actions (`mmrl.types.Interruptible`), which loads the offered weights there. A batch whose
+actions come from several versions and whose log-probs the adapter defers gets them scored per version: each
+action's under the weights that produced it (the worker keeps the plan's versions until the batch is returned).
+The batch's `version` stays the one its plan started with (its oldest action's).
 """
 
 from __future__ import annotations
@@ -44,34 +51,27 @@ class RolloutWorker:
     cwd:          the driver's working directory (relative paths in the config resolve against it).
     behaviour:    compute deferred behaviour log-probs (max_staleness > 0).
     threads:      torch CPU threads (Ray sets OMP_NUM_THREADS to the actor's CPUs; this is what torch uses).
+    interrupt:    interruptible rollouts (asynchronous.interrupt): the policy calls `check` between actions.
+    scores:       build the reward set and score in `generate`; False with reward workers (only `sample`).
     """
 
-    def __init__(self, config_yaml: str, index: int, *, cwd: str, behaviour: bool, threads: int):
-        if os.path.isdir(cwd):
-            os.chdir(cwd)
-            if cwd not in sys.path:
-                sys.path.insert(0, cwd)
-        torch.set_num_threads(max(1, threads))
+    def __init__(self, config_yaml: str, index: int, *, cwd: str, behaviour: bool, threads: int,
+                 interrupt: bool = False, scores: bool = True):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
-        from mmrl.config import load_config
+        from mmrl.errors import ConfigError
         from mmrl.loop.collect import Generator
         from mmrl.loop.build import build_policy_for_run, build_rewards, run_records
 
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-            f.write(config_yaml)
-        try:
-            cfg = load_config(f.name, saved=True)
-        finally:
-            os.unlink(f.name)
+        cfg = load_run_config(config_yaml, cwd, threads)
         self.index, self.behaviour = index, behaviour
         self.accelerator = Accelerator(cpu=cfg.cpu or not torch.cuda.is_available(),
                                        mixed_precision={"fp32": "no"}.get(cfg.precision, cfg.precision))
         set_seed(cfg.seed)
         self.policy = build_policy_for_run(cfg, self.accelerator, shard=False)
         self.params = list(self.policy.trainable_parameters())
-        rewards, _ = build_rewards(cfg)
+        rewards = build_rewards(cfg)[0] if scores else None            # else reward workers score (`sample`)
         records, _ = run_records(cfg)
         self.samples_per_microbatch = cfg.train.samples_per_microbatch
         self.generator = Generator(policy=self.policy, rewards=rewards, records=records, sampler=PlannedPrompts(),
@@ -79,14 +79,19 @@ class RolloutWorker:
                                    process_index=0, prompts_per_process=cfg.train.prompts_per_step)
         self.version = -1                                              # no weights loaded yet
         self.first_call = True
+        self._offered = None                # (version, [weights]) the newest the controller offered mid-plan
+        self._plan_weights: dict[int, list] = {}   # version -> tensors, of the versions loaded for this plan
+        if interrupt:
+            from mmrl.types import Interruptible
+
+            if not isinstance(self.policy, Interruptible):
+                raise ConfigError(f"config key 'asynchronous.interrupt' is true, but the {cfg.policy.name!r} "
+                                  "policy's rollouts cannot be interrupted (it has no interrupt_with)")
+            self.policy.interrupt_with(self.check)
 
     def ready(self) -> dict:
         """Where this worker runs: its index, Ray node id and ip, process id."""
-        import ray
-
-        ctx = ray.get_runtime_context()
-        return {"worker": self.index, "node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid()}
+        return placement(self.index)
 
     def _load(self, version: int, weights: list) -> None:
         if len(weights) != len(self.params):
@@ -99,31 +104,142 @@ class RolloutWorker:
                                        f"has shape {tuple(w.shape)}, this worker's {tuple(p.shape)}")
                 p.copy_(w)
         self.version = version
+        self._plan_weights[version] = weights
         self.generator.receive(version)
+
+    def offer(self, version: int, weights: list) -> None:
+        """Newer weights for the plan being sampled (`weights[0]`: a Ray object ref, or the tensors), loaded at the
+        policy's next action boundary (`check`); an offer no newer than what the worker holds is ignored."""
+        if self._offered is None or version > self._offered[0]:
+            self._offered = (version, weights)
+
+    def check(self) -> int:
+        """Between two actions of a running rollout: load the offered weights when they are newer; the version
+        loaded now."""
+        offered = self._offered
+        if offered is not None and offered[0] > self.version:
+            self._load(offered[0], _fetch(offered[1][0]))
+        return self.version
 
     def generate(self, plan: int, indices: list[int], version: int, weights: list):
         """The `StepBatch` of plan `plan` over the records `indices`, sampled by version `version`, whose
         trainable tensors are the object `weights[0]` (a Ray object ref, in a list so that Ray does not fetch it:
         it is fetched only when this worker holds another version, e.g. after Ray restarted it); returns
         (batch, {"busy_s", "load_s", "restarted"})."""
-        import ray
-
         t0 = time.perf_counter()
-        if version != self.version:
-            self._load(version, ray.get(weights[0]))
-        t1 = time.perf_counter()
+        t1 = self._start(plan, indices, version, weights)
         restarted, self.first_call = self.first_call and _reconstructed(), False
-        self.generator.sampler.indices = list(indices)
-        batch = self.generator.next_batch(plan)
-        if self.behaviour and batch.rollout.log_probs is None and len(batch.rollout):
-            batch = replace(batch, rollout=replace(batch.rollout, log_probs=self._behaviour_log_probs(batch.rollout)))
+        batch = replace(self.generator.next_batch(plan), version=version)   # the version its plan started with
+        batch = replace(batch, rollout=self._with_behaviour(batch.rollout, version))
         return batch, {"busy_s": time.perf_counter() - t0, "load_s": t1 - t0, "restarted": restarted}
 
+    def sample(self, plan: int, indices: list[int], version: int, weights: list):
+        """Plan `plan` sampled as `generate` samples it, not scored (asynchronous.reward_workers: a reward worker
+        scores it while this worker samples the next plan). Two returns, so that the samples travel to a reward
+        worker without the rest: the samples, and (the rollout without its samples, info)."""
+        t0 = time.perf_counter()
+        t1 = self._start(plan, indices, version, weights)
+        restarted, self.first_call = self.first_call and _reconstructed(), False
+        rollout = self._with_behaviour(self.generator.sample(plan), version)
+        info = {"busy_s": time.perf_counter() - t0, "load_s": t1 - t0, "restarted": restarted}
+        return rollout.samples, (replace(rollout, samples=[]), info)
+
+    def _with_behaviour(self, ro, version: int):
+        """The rollout with its behaviour log-probs where the adapter deferred them and they are needed: with
+        max_staleness > 0, or when its actions come from more than the plan's version."""
+        mixed = ro.versions is not None and len(ro) and bool((ro.versions[ro.mask.bool().cpu()] != version).any())
+        if ro.log_probs is None and len(ro) and (self.behaviour or mixed):
+            ro = replace(ro, log_probs=self._behaviour_log_probs(ro))
+        return ro
+
+    def _start(self, plan: int, indices: list[int], version: int, weights: list) -> float:
+        """Before sampling plan `plan`: the plan's weights loaded, its prompts set; returns the time after."""
+        self._plan_weights = {self.version: self._plan_weights[self.version]} if self.version >= 0 else {}
+        if self._offered is not None and self._offered[0] <= version:
+            self._offered = None                                       # older than this plan's weights
+        if version != self.version:
+            self._load(version, _fetch(weights[0]))
+        self.generator.sampler.indices = list(indices)
+        return time.perf_counter()
+
     def _behaviour_log_probs(self, rollout) -> torch.Tensor:
-        """[N, T] log-probs of the sampled actions under this worker's weights (the forward training uses)."""
+        """[N, T] log-probs of the sampled actions, each under the weights that produced it (`Rollout.versions`;
+        one pass per version, with the forward training uses); the newest weights are loaded again after."""
+        newest = self.version
+        used = sorted(set(rollout.versions[rollout.mask.bool()].tolist())) if rollout.versions is not None else []
+        if len(used) <= 1 and (not used or used[0] == newest):
+            return self._log_probs(rollout)
+        out = torch.zeros(rollout.mask.shape)                               # [N, T]
+        for v in used:
+            self._load(v, self._plan_weights[v])
+            out = torch.where(rollout.versions.cpu() == v, self._log_probs(rollout), out)
+        self._load(newest, self._plan_weights[newest])
+        return out
+
+    def _log_probs(self, rollout) -> torch.Tensor:
+        """[N, T] log-probs of the sampled actions under the loaded weights (the forward training uses)."""
         with torch.no_grad(), self.accelerator.autocast():
             idx = torch.arange(len(rollout)).split(self.samples_per_microbatch)
             return torch.cat([self.policy.log_probs(rollout, i).log_probs.float() for i in idx]).cpu()
+
+
+class RewardWorker:
+    """A reward worker (asynchronous.reward_workers > 0; a Ray actor, a plain class in tests): the run's reward set,
+    built from its config in its own process, scoring the samples of one plan per call, so that a slow reward (a
+    judge, a remote reward server) holds up no rollout worker."""
+
+    def __init__(self, config_yaml: str, index: int, *, cwd: str, threads: int):
+        from mmrl.loop.build import build_rewards
+
+        self.index, self.first_call = index, True
+        self.rewards, _ = build_rewards(load_run_config(config_yaml, cwd, threads))
+
+    def ready(self) -> dict:
+        return placement(self.index, "reward worker")
+
+    def score(self, samples: list):
+        """(scores [N, K], the reward set's metrics, {"busy_s", "restarted"}) of one plan's samples."""
+        t0 = time.perf_counter()
+        restarted, self.first_call = self.first_call and _reconstructed(), False
+        scores, metrics = self.rewards.score(samples)
+        return scores, metrics, {"busy_s": time.perf_counter() - t0, "restarted": restarted}
+
+
+def load_run_config(config_yaml: str, cwd: str, threads: int):
+    """In a worker's process: the driver's working directory (relative paths in the config resolve against it,
+    and on sys.path, for rewards given as files), torch's CPU threads (Ray sets OMP_NUM_THREADS to the actor's
+    CPUs; this is what torch uses), and the run's config loaded and checked again."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+    torch.set_num_threads(max(1, threads))
+    from mmrl.config import load_config
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(config_yaml)
+    try:
+        return load_config(f.name, saved=True)
+    finally:
+        os.unlink(f.name)
+
+
+def placement(index: int, role: str = "rollout worker") -> dict:
+    """Where this actor runs: its role and index, Ray node id and ip, process id."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return {"role": role, "worker": index, "node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid()}
+
+
+def _fetch(weights):
+    """The tensors of a version: a Ray object ref is fetched from the object store; tensors pass as they are."""
+    if isinstance(weights, (list, tuple)):
+        return weights
+    import ray
+
+    return ray.get(weights)
 
 
 def _reconstructed() -> bool:
@@ -132,6 +248,8 @@ def _reconstructed() -> bool:
 
     import ray
 
+    if not ray.is_initialized():                                       # built in process (tests): never rebuilt
+        return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return bool(ray.get_runtime_context().was_current_actor_reconstructed)
