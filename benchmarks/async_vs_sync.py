@@ -10,13 +10,15 @@ its own `mmrl train` process, so a slow patch of the machine hits all three:
                    (benchmarks/latency.py:judge_latency), as a judge served over HTTP does
 
 The asynchronous runs use `asynchronous.rollout_workers` workers (default 2), `algo.objective=decoupled` and
-`on_stale=pace`. Per run: the median seconds per step after the first two, the held-out reward at
+`on_stale=pace`; the mode "async eta=1 +reward worker" uses one rollout worker and one reward worker
+(`asynchronous.reward_workers=1`), which scores while the rollout worker samples the next plan. Per run: the median seconds per step after the first two, the held-out reward at
 the last step, and where the time goes (sync: rollout and rewards vs update; async: the learner's and the
 generators' idle fractions, weight sync). A step's time is `time/rollout_s + time/update_s`: the evaluation at
 the last step is left out (in an asynchronous run `time/rollout_s` is the learner's wait for its batch). Headline: async (eta=1) / sync seconds per step on the latency-bound
 workloads (goal <= 0.6 at a held-out reward within noise of sync).
 
     python benchmarks/async_vs_sync.py [--steps 20] [--workloads vlm,agent_latency,reward_latency] [--workers 2]
+                                       [--modes "sync,async eta=1,async eta=2,async eta=1 +reward worker"]
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ WORKLOADS = {
                        ["rewards=[{name: shapes_vlm}, {name: '" + LATENCY + ":judge_latency', weight: 0.0, "
                         "label: judge, latency_s: 0.3}]"]),
 }
-MODES = {"sync": [], "async eta=1": ["asynchronous.max_staleness=1"], "async eta=2": ["asynchronous.max_staleness=2"]}
+MODES = {"sync": [], "async eta=1": ["asynchronous.max_staleness=1"], "async eta=2": ["asynchronous.max_staleness=2"],
+         # one rollout worker samples while one reward worker scores (asynchronous.reward_workers)
+         "async eta=1 +reward worker": ["asynchronous.max_staleness=1", "asynchronous.rollout_workers=1",
+                                        "asynchronous.reward_workers=1"]}
 
 
 def options(ap: argparse.ArgumentParser) -> None:
@@ -51,6 +56,7 @@ def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=20, help="training steps per run (held-out eval at 0 and the end)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     ap.add_argument("--workers", type=int, default=2, help="rollout workers of the asynchronous runs")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: " + ", ".join(MODES))
 
 
 def train(config: str, overrides: list[str], out: str) -> list[dict]:
@@ -81,15 +87,18 @@ def measure(args: argparse.Namespace) -> Report:
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown:
         raise SystemExit(f"--workloads: unknown {unknown}; valid: {', '.join(WORKLOADS)}")
+    modes = [m for m in args.modes.split(",") if m]
+    if sorted(set(modes) - set(MODES)) or "sync" not in modes:
+        raise SystemExit(f"--modes: {modes} must name modes of {', '.join(MODES)}, sync among them")
     common = [f"max_steps={args.steps}", f"eval.every={args.steps}", "checkpoint.every=0"]
     asynchronous = ["asynchronous.enabled=true", f"asynchronous.rollout_workers={args.workers}",
-                    "algo.objective=decoupled"]
+                    "algo.objective=decoupled"]                      # a mode's own overrides come after
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for w in names:
                 config, extra = WORKLOADS[w]
-                for mode, mode_extra in MODES.items():
+                for mode, mode_extra in ((m, MODES[m]) for m in modes):
                     over = common + extra + (asynchronous + mode_extra if mode != "sync" else [])
                     out = os.path.join(tmp, f"{w}_{mode.replace(' ', '_')}_{repeat}")
                     results.setdefault((w, mode), []).append(summarize(train(config, over, out)))
@@ -100,6 +109,8 @@ def measure(args: argparse.Namespace) -> Report:
         ratio = merged["s/step"] / sync
         if mode == "async eta=1":
             ratios[w] = ratio
+        if mode == "async eta=1 +reward worker":
+            ratios[f"{w} (+reward worker)"] = ratio
         rows.append([w, mode, merged["s/step"], ratio, merged["eval start"], merged["eval end"],
                      *("" if merged[k] is None else merged[k] for k in
                        ("rollout s", "update s", "learner idle", "generators idle", "sync s", "staleness"))])
@@ -107,7 +118,7 @@ def measure(args: argparse.Namespace) -> Report:
               "learner idle", "generators idle", "weight sync s", "staleness"]
     title = (f"async_vs_sync: {args.steps} steps, {args.workers} rollout workers, {args.repeats} repeat(s); "
              f"{machine()}")
-    latency = {w: r for w, r in ratios.items() if w.endswith("latency")}
+    latency = {w: r for w, r in ratios.items() if "latency" in w}
     headline = ("async (eta=1) / sync s/step = " + ", ".join(f"{w} {r:.3f}" for w, r in (latency or ratios).items())
                 + " (goal <= 0.6 on the latency-bound workloads at a held-out reward within noise of sync)")
     return Report([table(title, header, rows)], headline)

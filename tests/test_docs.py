@@ -114,6 +114,6 @@ def test_the_readme_is_short_and_has_the_commands_ci_runs():
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     assert len(readme.encode()) <= 15 * 1024, f"README.md is {len(readme.encode())} bytes; move detail to docs/"
     ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read()
-    for command in ('pip install -e ".[test]"', "python -m pytest -q"):
+    for command in ('pip install -e ".[test]"', "python -m pytest -q -n 2 --dist loadfile"):
         assert command in readme and command in ci, command
     assert "mmrl train configs/tiny/vlm_shapes.yaml" in readme

@@ -1,11 +1,14 @@
 """A two-node Ray cluster simulated on this machine (`ray start --head` with a `learner` resource, a second
 `ray start --address=...` with a `rollout` resource and its own CPUs): `mmrl train ... asynchronous.address=auto`
-places its rollout workers on the second node and learns on the first. Its own module: `ray stop` ends every Ray
-process of the machine, so nothing else may use Ray meanwhile."""
+places its rollout workers on the second node and learns on the first. Each `ray start` runs in a session of its
+own, and the fixture ends the cluster by killing those two process groups (the nodes' daemons and the workers
+their raylets started), never with `ray stop`, which would end every Ray process of the machine (another test
+process's cluster too)."""
 
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,16 +28,25 @@ def two_nodes(free_port):
     port = free_port()
     ray = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--disable-usage-stats"]
 
+    groups = []
+
     def start(*args):
-        done = subprocess.run(ray + list(args), env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-3000:]
+        proc = subprocess.Popen(ray + list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)          # its daemons stay in its process group
+        groups.append(proc.pid)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-3000:]
 
     try:
         start("--head", f"--port={port}", "--num-cpus=1", '--resources={"learner": 1}', "--include-dashboard=false")
         start(f"--address=127.0.0.1:{port}", "--num-cpus=2", '--resources={"rollout": 2}')
         yield env
     finally:
-        subprocess.run(ray[:1] + ["stop", "--force"], env=env, capture_output=True, timeout=120)
+        for group in reversed(groups):
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         shutil.rmtree(short, ignore_errors=True)
 
 

@@ -17,7 +17,7 @@ SHORT = [f"max_steps={SHORT_STEPS}", f"eval.every={SHORT_STEPS}", "optim.warmup_
 SHORT_MARGIN = 0.15       # eval/reward/mean(step 40) - eval/reward/mean(step 0): measured +0.26 for seed 0
 MAX_STRAY = 0.10          # eval/quality/shapes_stray at step 40: measured 0.02 (0.043 at step 0)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_shortened_grpo_recipe_raises_the_held_out_reward_with_a_clean_background(tmp_path, eval_curve_of):
