@@ -10,12 +10,15 @@ its own `mmrl train` process, so a slow patch of the machine hits all three:
                    (benchmarks/latency.py:judge_latency), as a judge served over HTTP does
 
 The asynchronous runs use `asynchronous.rollout_workers` workers (default 2), `algo.objective=decoupled` and
-`on_stale=pace`; the mode "async eta=1 +reward worker" uses one rollout worker and one reward worker
-(`asynchronous.reward_workers=1`), which scores while the rollout worker samples the next plan. Per run: the median seconds per step after the first two, the held-out reward at
-the last step, and where the time goes (sync: rollout and rewards vs update; async: the learner's and the
-generators' idle fractions, weight sync). A step's time is `time/rollout_s + time/update_s`: the evaluation at
-the last step is left out (in an asynchronous run `time/rollout_s` is the learner's wait for its batch). Headline: async (eta=1) / sync seconds per step on the latency-bound
-workloads (goal <= 0.6 at a held-out reward within noise of sync).
+`on_stale=pace`; the mode "async eta=1 +reward worker" adds one reward worker (`asynchronous.reward_workers=1`,
+no CPU reserved: a judge's client waits), which scores while the rollout workers sample the next plans.
+
+Per run: the mean seconds per step after the first two (the mean: asynchronous steps alternate between a batch
+waited for and one already finished), the held-out reward at the last step, and where the time goes (sync:
+rollout and rewards vs update; async: the learner's and the generators' idle fractions, weight sync). A step's
+time is `time/rollout_s + time/update_s`: the evaluation at the last step is left out (in an asynchronous run
+`time/rollout_s` is the learner's wait for its batch). Headline: async (eta=1) / sync seconds per step on the
+latency-bound workloads (goal <= 0.6 at a held-out reward within noise of sync).
 
     python benchmarks/async_vs_sync.py [--steps 20] [--workloads vlm,agent_latency,reward_latency] [--workers 2]
                                        [--modes "sync,async eta=1,async eta=2,async eta=1 +reward worker"]
@@ -46,9 +49,9 @@ WORKLOADS = {
                         "label: judge, latency_s: 0.3}]"]),
 }
 MODES = {"sync": [], "async eta=1": ["asynchronous.max_staleness=1"], "async eta=2": ["asynchronous.max_staleness=2"],
-         # one rollout worker samples while one reward worker scores (asynchronous.reward_workers)
-         "async eta=1 +reward worker": ["asynchronous.max_staleness=1", "asynchronous.rollout_workers=1",
-                                        "asynchronous.reward_workers=1"]}
+         # the rollout workers only sample; a reward worker without a CPU of its own (it waits on the judge) scores
+         "async eta=1 +reward worker": ["asynchronous.max_staleness=1", "asynchronous.reward_workers=1",
+                                        "asynchronous.cpus_per_reward_worker=0"]}
 
 
 def options(ap: argparse.ArgumentParser) -> None:
@@ -73,7 +76,8 @@ def summarize(rows: list[dict]) -> dict:
     steps = [r for r in rows if "loss" in r]
     evals = [r for r in rows if "eval/reward/mean" in r]
     # a step's training time without its evaluation: waiting for (sync: making) the batch, then the update
-    out = {"s/step": statistics.median(r["time/rollout_s"] + r["time/update_s"] for r in steps[2:] or steps),
+    # the mean, not the median: asynchronous steps alternate (a batch waited for, then one already finished)
+    out = {"s/step": statistics.mean(r["time/rollout_s"] + r["time/update_s"] for r in steps[2:] or steps),
            "eval start": evals[0]["eval/reward/mean"], "eval end": evals[-1]["eval/reward/mean"]}
     mean = lambda key: statistics.mean(r[key] for r in steps if key in r) if any(key in r for r in steps) else None  # noqa: E731
     out.update({"rollout s": mean("time/rollout_s"), "update s": mean("time/update_s"),

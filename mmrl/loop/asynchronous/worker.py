@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 
@@ -80,6 +81,7 @@ class RolloutWorker:
         self.version = -1                                              # no weights loaded yet
         self.first_call = True
         self._offered = None                # (version, [weights]) the newest the controller offered mid-plan
+        self._offers = threading.Lock()     # `offer` runs on the actor's second thread
         self._plan_weights: dict[int, list] = {}   # version -> tensors, of the versions loaded for this plan
         if interrupt:
             from mmrl.types import Interruptible
@@ -110,8 +112,9 @@ class RolloutWorker:
     def offer(self, version: int, weights: list) -> None:
         """Newer weights for the plan being sampled (`weights[0]`: a Ray object ref, or the tensors), loaded at the
         policy's next action boundary (`check`); an offer no newer than what the worker holds is ignored."""
-        if self._offered is None or version > self._offered[0]:
-            self._offered = (version, weights)
+        with self._offers:
+            if self._offered is None or version > self._offered[0]:
+                self._offered = (version, weights)
 
     def check(self) -> int:
         """Between two actions of a running rollout: load the offered weights when they are newer; the version
@@ -155,8 +158,9 @@ class RolloutWorker:
     def _start(self, plan: int, indices: list[int], version: int, weights: list) -> float:
         """Before sampling plan `plan`: the plan's weights loaded, its prompts set; returns the time after."""
         self._plan_weights = {self.version: self._plan_weights[self.version]} if self.version >= 0 else {}
-        if self._offered is not None and self._offered[0] <= version:
-            self._offered = None                                       # older than this plan's weights
+        with self._offers:
+            if self._offered is not None and self._offered[0] <= version:
+                self._offered = None                                   # older than this plan's weights
         if version != self.version:
             self._load(version, _fetch(weights[0]))
         self.generator.sampler.indices = list(indices)
@@ -166,13 +170,14 @@ class RolloutWorker:
         """[N, T] log-probs of the sampled actions, each under the weights that produced it (`Rollout.versions`;
         one pass per version, with the forward training uses); the newest weights are loaded again after."""
         newest = self.version
-        used = sorted(set(rollout.versions[rollout.mask.bool()].tolist())) if rollout.versions is not None else []
+        versions = None if rollout.versions is None else rollout.versions.cpu()   # [N, T]
+        used = sorted(set(versions[rollout.mask.bool().cpu()].tolist())) if versions is not None else []
         if len(used) <= 1 and (not used or used[0] == newest):
             return self._log_probs(rollout)
         out = torch.zeros(rollout.mask.shape)                               # [N, T]
         for v in used:
             self._load(v, self._plan_weights[v])
-            out = torch.where(rollout.versions.cpu() == v, self._log_probs(rollout), out)
+            out = torch.where(versions == v, self._log_probs(rollout), out)
         self._load(newest, self._plan_weights[newest])
         return out
 
