@@ -164,8 +164,8 @@ class Policy(Protocol):
     are split over processes.
 
     What only some adapters can do is a capability, a protocol of its own below (`HasReference`, `Evaluates`,
-    `Exports`, `ForwardProcess`, `Shardable`, `Interruptible`, `HasExtraState`). An adapter writes the members of the ones it
-    serves; it inherits nothing from these classes (they are checked with isinstance, never subclassed), and
+    `Exports`, `ForwardProcess`, `Shardable`, `Interruptible`, `HasExtraState`). An adapter writes the members of
+    the ones it serves; it inherits nothing from these classes (they are checked with isinstance, never subclassed), and
     `check_capabilities` refuses a run that needs one its policy lacks, at build, naming the config key.
     """
 

@@ -121,6 +121,19 @@ def in_background():
 
 
 @pytest.fixture(scope="module")
+def side_runs_of(in_background, selected):
+    """`side_runs_of({name: (test, out_dir, command)})`: the commands whose test the session runs, one after the
+    other in one background job from the repo root (beside a module's in-process run, on the other core); returns
+    {name: (out_dir, Future of {name: CompletedProcess})} (see `side_run_curve`)."""
+    def start(runs: dict) -> dict:
+        job = in_background(lambda: {name: subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+                                     for name, (test, _, cmd) in runs.items() if test in selected})
+        return {name: (out, job) for name, (_, out, _) in runs.items()}
+
+    return start
+
+
+@pytest.fixture(scope="module")
 def selected(request) -> set[str]:
     """The names (without parameters) of the module's tests that this session runs: a module fixture that starts
     several tests' runs at once (`in_background`) starts those of the selected tests only."""
@@ -184,14 +197,33 @@ def eval_curve_of():
     """`eval_curve_of(config, out_dir, *overrides)`: train `config` in process and return its
     held-out curve [(step, eval/reward/mean), ...] read back from metrics.jsonl."""
     from mmrl.config import load_config
-    from mmrl.reporting.summary import read_rows
     from mmrl.loop.trainer import train
 
     def run(config: str, out_dir, *overrides: str) -> list[tuple[int, float]]:
         train(load_config(config, [f"output_dir={out_dir}", *overrides]))
-        return [(r["step"], r["eval/reward/mean"]) for r in read_rows(str(out_dir)) if "eval/reward/mean" in r]
+        return _held_out_curve(out_dir)
 
     return run
+
+
+def _held_out_curve(run_dir) -> list[tuple[int, float]]:
+    from mmrl.reporting.summary import read_rows
+
+    return [(r["step"], r["eval/reward/mean"]) for r in read_rows(str(run_dir)) if "eval/reward/mean" in r]
+
+
+@pytest.fixture(scope="session")
+def side_run_curve():
+    """`side_run_curve((out_dir, job), name)`: the held-out curve [(step, eval/reward/mean), ...] of the run `name`
+    that a module's background job (`in_background`, returning {name: CompletedProcess}) wrote into `out_dir`,
+    once that run has exited with status 0."""
+    def curve(side_run, name: str) -> list[tuple[int, float]]:
+        out, job = side_run
+        done = job.result()[name]
+        assert done.returncode == 0, done.stderr[-3000:]
+        return _held_out_curve(out)
+
+    return curve
 
 
 BROWSERS = ("chromium-headless-shell", "chromium", "google-chrome")

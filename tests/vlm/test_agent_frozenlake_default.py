@@ -8,9 +8,7 @@ before it, so they run beside it on the other core."""
 
 from __future__ import annotations
 
-import functools
 import os
-import subprocess
 import sys
 
 import pytest
@@ -25,22 +23,18 @@ SHORT_MARGIN = 0.25
 
 
 @pytest.fixture(scope="module")
-def side_runs(tmp_path_factory, in_background, mmrl_cmd, selected):
-    """{name: (its output directory, a Future of {name: CompletedProcess})}: the committed agent evaluated at
-    step 0 (`mmrl train ... max_steps=0`), then the pretraining script (those whose test is selected), one after
-    the other beside the in-process run."""
-    run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+def side_runs(tmp_path_factory, mmrl_cmd, side_runs_of):
+    """The committed agent evaluated at step 0 (`mmrl train ... max_steps=0`), then the pretraining script (those
+    whose test is selected), one after the other beside the in-process run (`side_runs_of`)."""
     committed, pretrained = tmp_path_factory.mktemp("committed"), tmp_path_factory.mktemp("pretrained") / "model"
-    commands = {
-        "committed": mmrl_cmd("train", CONFIG, f"output_dir={committed}", "max_steps=0", "eval.every=1"),
-        "pretrained": [sys.executable, "-m", "shapes_world.pretrain_agent", "--seed", "0", "--out", str(pretrained),
-                       "--iters", "2", "--bias-iters", "1", "--batch", "4", "--val", "8", "--episodes", "2",
-                       "--log-every", "2"],
-    }
-    tests = {"committed": "test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily",
-             "pretrained": "test_pretraining_script_writes_a_loadable_model"}
-    job = in_background(lambda: {name: run(cmd) for name, cmd in commands.items() if tests[name] in selected})
-    return {"committed": (committed, job), "pretrained": (pretrained, job)}
+    return side_runs_of({
+        "committed": ("test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily", committed,
+                      mmrl_cmd("train", CONFIG, f"output_dir={committed}", "max_steps=0", "eval.every=1")),
+        "pretrained": ("test_pretraining_script_writes_a_loadable_model", pretrained,
+                       [sys.executable, "-m", "shapes_world.pretrain_agent", "--seed", "0", "--out", str(pretrained),
+                        "--iters", "2", "--bias-iters", "1", "--batch", "4", "--val", "8", "--episodes", "2",
+                        "--log-every", "2"]),
+    })
 
 
 @pytest.mark.slow
@@ -59,14 +53,9 @@ def test_shortened_default_raises_the_held_out_success_and_reports_it(tmp_path, 
 
 
 @pytest.mark.integration
-def test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily(side_runs):
-    from mmrl.reporting.summary import read_rows
-
+def test_committed_agent_loads_offline_and_rarely_reaches_the_goal_greedily(side_runs, side_run_curve):
     assert os.path.isfile(os.path.join(MODEL, "model.safetensors")), "assets/tiny/frozenlake_agent is missing"
-    out, job = side_runs["committed"]
-    done = job.result()["committed"]
-    assert done.returncode == 0, done.stderr[-3000:]
-    curve = [(r["step"], r["eval/reward/mean"]) for r in read_rows(str(out)) if "eval/reward/mean" in r]
+    curve = side_run_curve(side_runs["committed"], "committed")
     assert curve and curve[0][0] == 0, curve
     assert curve[0][1] <= 0.1, f"pretrained held-out greedy success {curve[0][1]} above 0.1"
 

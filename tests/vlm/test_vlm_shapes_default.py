@@ -9,10 +9,8 @@ before it, so they run beside it on the other core."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -30,22 +28,18 @@ MAX_COUNT_SHARE = 0.6     # the commonest count answer at step 50, of all count 
 
 
 @pytest.fixture(scope="module")
-def side_runs(tmp_path_factory, in_background, mmrl_cmd, selected):
-    """{name: (its output directory, a Future of {name: CompletedProcess})}: the committed model evaluated at
-    step 0 (`mmrl train ... max_steps=0`), then the pretraining script (those whose test is selected), one after
-    the other beside the in-process run."""
-    run = functools.partial(subprocess.run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+def side_runs(tmp_path_factory, mmrl_cmd, side_runs_of):
+    """The committed model evaluated at step 0 (`mmrl train ... max_steps=0`), then the pretraining script (those
+    whose test is selected), one after the other beside the in-process run (`side_runs_of`)."""
     committed, pretrained = tmp_path_factory.mktemp("committed"), tmp_path_factory.mktemp("pretrained") / "model"
-    commands = {
-        "committed": mmrl_cmd("train", CONFIG, f"output_dir={committed}", f"policy.model={MODEL}", "max_steps=0",
-                              "eval.every=1"),
-        "pretrained": [sys.executable, "-m", "shapes_world.pretrain_vlm", "--seed", "0", "--out", str(pretrained),
-                       "--iters", "3", "--batch", "4", "--pool", "16", "--val", "8", "--log-every", "3"],
-    }
-    tests = {"committed": "test_committed_model_loads_offline_with_a_sane_held_out_score",
-             "pretrained": "test_pretraining_script_writes_a_loadable_model"}
-    job = in_background(lambda: {name: run(cmd) for name, cmd in commands.items() if tests[name] in selected})
-    return {"committed": (committed, job), "pretrained": (pretrained, job)}
+    return side_runs_of({
+        "committed": ("test_committed_model_loads_offline_with_a_sane_held_out_score", committed,
+                      mmrl_cmd("train", CONFIG, f"output_dir={committed}", f"policy.model={MODEL}", "max_steps=0",
+                               "eval.every=1")),
+        "pretrained": ("test_pretraining_script_writes_a_loadable_model", pretrained,
+                       [sys.executable, "-m", "shapes_world.pretrain_vlm", "--seed", "0", "--out", str(pretrained),
+                        "--iters", "3", "--batch", "4", "--pool", "16", "--val", "8", "--log-every", "3"]),
+    })
 
 
 @pytest.mark.integration
@@ -72,15 +66,10 @@ def test_shortened_default_raises_the_held_out_reward_by_counting_and_reports_it
 
 
 @pytest.mark.integration
-def test_committed_model_loads_offline_with_a_sane_held_out_score(side_runs):
+def test_committed_model_loads_offline_with_a_sane_held_out_score(side_runs, side_run_curve):
     """Greedy held-out shapes_vlm reward of the committed model: above chance, far from perfect."""
-    from mmrl.reporting.summary import read_rows
-
     assert os.path.isfile(os.path.join(MODEL, "model.safetensors")), "assets/tiny/shapes_vlm is missing"
-    out, job = side_runs["committed"]
-    done = job.result()["committed"]
-    assert done.returncode == 0, done.stderr[-3000:]
-    curve = [(r["step"], r["eval/reward/mean"]) for r in read_rows(str(out)) if "eval/reward/mean" in r]
+    curve = side_run_curve(side_runs["committed"], "committed")
     assert curve and curve[0][0] == 0, curve
     assert 0.1 <= curve[0][1] <= 0.5, f"pretrained held-out greedy reward {curve[0][1]} outside [0.1, 0.5]"
 
