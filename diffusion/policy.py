@@ -207,6 +207,10 @@ class DiffusionPolicy:
     def update_old(self, decay: float) -> None:
         self.nft_old.update(decay)
 
+    def old_parameters(self) -> list[torch.Tensor]:
+        """DiffusionNFT's sampling weights, in `trainable_parameters()`'s order (what rollout workers sample with)."""
+        return list(self.nft_old.old)
+
     def trainable_parameters(self):
         return [p for p in self.denoiser.parameters() if p.requires_grad]
 

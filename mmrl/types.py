@@ -219,11 +219,16 @@ class ForwardProcess(Protocol):
           `spec.draw` (never the global RNG or the rank), and return `mmrl.algorithms.objectives.nft.nft_loss`
           per sample, r [n] being each sample's optimality probability.
       update_old(decay): old <- decay * old + (1 - decay) * theta, after each training step; the old
-          weights belong to the policy's checkpoint (`save` / `load`), so a resumed run is bit-exact."""
+          weights belong to the policy's checkpoint (`save` / `load`), so a resumed run is bit-exact.
+      old_parameters() -> list of tensors: the old weights, one per `trainable_parameters()` entry in its order
+          and shapes: what the rollouts sample with, so what the learner of an asynchronous run publishes to its
+          rollout workers (each loads them as its trainable weights and calls `update_old(0.0)`)."""
 
     def forward_process_loss(self, rollout: Rollout, index: torch.Tensor, r: torch.Tensor, spec) -> ForwardLoss: ...
 
     def update_old(self, decay: float) -> None: ...
+
+    def old_parameters(self) -> list[torch.Tensor]: ...
 
 
 @runtime_checkable

@@ -120,8 +120,6 @@ def _check_combinations(cfg) -> None:
 
     algo = cfg.algo
     refused = {
-        "algo.objective": (algo.objective == "nft", "nft (DiffusionNFT samples with its own old-policy copy, "
-                           "which the rollout workers do not hold yet)"),
         "algo.filter.name": (algo.filter.name in RESAMPLING, f"{algo.filter.name} (its resampling rounds draw "
                              "prompts in order inside one step; use starpo or none)"),
         "distributed.strategy": (cfg.distributed.strategy == "fsdp", "fsdp (the learner runs in one process "
@@ -132,6 +130,9 @@ def _check_combinations(cfg) -> None:
     if cfg.asynchronous.interrupt:
         refused["asynchronous.interrupt"] = (cfg.env is not None, "true with an env section (multi-turn episodes "
                                              "are not interrupted yet: set asynchronous.interrupt=false)")
+        refused["algo.objective"] = (algo.objective == "nft", "nft with asynchronous.interrupt=true (a DiffusionNFT "
+                                     "sample is trained as one clean image that all its denoising steps made, so "
+                                     "it has no one version to bound; set asynchronous.interrupt=false)")
     for key, (bad, why) in refused.items():
         if bad:
             raise ConfigError(f"config key '{key}' is {why}: not supported with asynchronous.enabled=true")

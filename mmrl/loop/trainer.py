@@ -220,7 +220,8 @@ def setup(cfg: Config) -> Run:
                               "processes: start `mmrl train` without torchrun / accelerate launch")
         from mmrl.loop.asynchronous.controller import start
 
-        generator = start(cfg, generator, params)
+        # the weights the rollouts sample with: DiffusionNFT's old copy (mmrl.types.ForwardProcess), else the trained
+        generator = start(cfg, generator, policy.old_parameters() if cfg.algo.objective == "nft" else params)
     evaluator = None
     if eval_records is not None:
         evaluator = Evaluator(policy=policy, rewards=rewards, records=eval_records[:cfg.eval.max_prompts],

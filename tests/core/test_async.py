@@ -19,6 +19,8 @@ from PIL import Image
 
 from tests import BANDIT, REPO
 
+T2I = os.path.join(REPO, "configs", "tiny", "t2i_shapes.yaml")      # the text-to-image default: DiffusionNFT
+
 
 # --- unit: the section's checks and the rules ---------------------------------------------------------------
 def _load(*overrides: str, path: str = BANDIT):
@@ -54,6 +56,14 @@ def test_the_section_is_checked_at_load(override, message):
         return
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         _load("asynchronous.enabled=true", override)
+
+
+def test_diffusion_nft_runs_asynchronously_but_is_not_interrupted():
+    from mmrl.config import ConfigError
+
+    _load("asynchronous.enabled=true", "asynchronous.max_staleness=1", path=T2I)
+    with pytest.raises(ConfigError, match="'algo.objective' is nft with asynchronous.interrupt=true"):
+        _load("asynchronous.enabled=true", "asynchronous.interrupt=true", path=T2I)
 
 
 def test_the_section_is_not_checked_when_off():
@@ -126,16 +136,18 @@ def _weights(run_dir) -> dict:
     from safetensors.torch import load_file
 
     ckpts = os.path.join(run_dir, "checkpoints")
-    last = sorted(d for d in os.listdir(ckpts) if d.startswith("step_"))[-1]
-    return load_file(os.path.join(ckpts, last, "policy.safetensors"))
+    last = os.path.join(ckpts, sorted(d for d in os.listdir(ckpts) if d.startswith("step_"))[-1])
+    names = sorted(n for n in os.listdir(last) if n.startswith("policy") and n.endswith(".safetensors"))
+    return {f"{n}:{k}": v for n in names for k, v in load_file(os.path.join(last, n)).items()}   # + NFT's old copy
 
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["vlm_tiny", "sd3_tiny"])
+@pytest.mark.parametrize("config", ["vlm_tiny", "sd3_tiny", "t2i_shapes"])
 def test_eta_0_with_one_worker_trains_what_the_synchronous_trainer_trains(ray_cluster, tmp_path, config):
     """Samples (outputs, image pixels, scores, advantages), rewards, loss and grad_norm of 3 steps, and the final
-    weights: the same bits as the synchronous trainer's."""
+    weights: the same bits as the synchronous trainer's. t2i_shapes trains DiffusionNFT: the workers sample with the
+    learner's old copy (after step 1 it is no longer the trained weights: old <- eta old + (1 - eta) theta)."""
     path = os.path.join(REPO, "configs", "tiny", f"{config}.yaml")
     common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0")
     sync = _train(path, tmp_path / "sync", *common)

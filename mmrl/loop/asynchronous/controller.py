@@ -69,7 +69,8 @@ class Controller:
     workers:      Ray actor handles of `mmrl.loop.asynchronous.worker.RolloutWorker`.
     local:        the driver's `mmrl.loop.collect.Generator`: its `PromptSampler` (what the synchronous trainer
                   draws from), its reward set (labels) and records; it samples nothing here.
-    params:       the learner's trainable parameters (pushed to the workers after each update).
+    params:       the tensors the workers sample with, pushed after each update: the learner's trainable parameters,
+                  or DiffusionNFT's old copy of them (algo.objective=nft; a worker loads them as old = theta).
     scorers:      Ray actor handles of `RewardWorker` (asynchronous.reward_workers); empty: each rollout worker
                   scores its own samples. With reward workers a rollout worker is free as soon as it has sampled a
                   plan; the plan's samples go to the first free reward worker, and the driver makes the batch
@@ -324,7 +325,8 @@ def start(cfg, local, params) -> Controller:
     text = to_yaml(cfg)
     threads = max(1, int(a.cpus_per_worker))
     # deferred log-probs are the first training forward's own values: right only for on-policy batches
-    behaviour = a.max_staleness > 0 or cfg.algo.objective == "decoupled"
+    # (DiffusionNFT has no per-action log-probs: its loss replays the clean samples under the learner's old copy)
+    behaviour = (a.max_staleness > 0 or cfg.algo.objective == "decoupled") and cfg.algo.objective != "nft"
     if a.max_staleness > 0 and cfg.algo.objective == "pg":
         log.warning("asynchronous.max_staleness=%d with algo.objective=pg clips around the stale behaviour policy; "
                     "algo.objective=decoupled anchors the clip at the current weights and weights each action by "

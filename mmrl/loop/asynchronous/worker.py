@@ -67,6 +67,7 @@ class RolloutWorker:
 
         cfg = load_run_config(config_yaml, cwd, threads)
         self.index, self.behaviour = index, behaviour
+        self.nft = cfg.algo.objective == "nft"    # DiffusionNFT: no per-action log-probs; samples with its old copy
         self.accelerator = Accelerator(cpu=cfg.cpu or not torch.cuda.is_available(),
                                        mixed_precision={"fp32": "no"}.get(cfg.precision, cfg.precision))
         set_seed(cfg.seed)
@@ -105,6 +106,8 @@ class RolloutWorker:
                     raise RuntimeError(f"rollout worker {self.index}: version {version}, trainable tensor {i} "
                                        f"has shape {tuple(w.shape)}, this worker's {tuple(p.shape)}")
                 p.copy_(w)
+        if self.nft:                      # the published weights are the old (sampling) policy's: old = theta here
+            self.policy.update_old(0.0)
         self.version = version
         self._plan_weights[version] = weights
         self.generator.receive(version)
