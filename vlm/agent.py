@@ -10,7 +10,7 @@ import torch
 from mmrl.types import PromptBatch, Rollout
 from vlm.episodes import EpisodeRunner, samples_of
 from vlm.generation import SamplingSpec
-from vlm.policy import Config, VLMCommon
+from vlm.policy import Config, VLMCommon, padded_versions
 from vlm.setup import Parts
 from vlm.trajectory import score_views
 
@@ -33,8 +33,12 @@ class AgentPolicy(VLMCommon):
         t_max = max(1, int(lengths.max()))
         mask = (torch.arange(t_max, device=self.device)[None, :] < lengths[:, None]).float()   # [N, T]
         views = [t.views for t in trajs]
-        logp = None
-        if self.cfg.old_log_probs == "rollout":
+        versions = None                    # interruptible rollouts: the version of each reply token (vlm.episodes)
+        if any(t.reply_versions for t in trajs):
+            versions = padded_versions([torch.cat(t.reply_versions) if t.reply_versions
+                                         else torch.zeros(0, dtype=torch.long) for t in trajs], t_max)   # [N, T]
+        logp = None                        # deferred, or (interrupted) scored per version by the rollout worker
+        if self.cfg.old_log_probs == "rollout" and versions is None:
             self.scorer.train(self.cfg.gradient_checkpointing)
             step = self.cfg.score_rows_per_call
             with torch.no_grad(), self._autocast():
@@ -42,7 +46,7 @@ class AgentPolicy(VLMCommon):
                                   for lo in range(0, len(views), step)])                        # [N, T]
         return Rollout(samples=samples_of(trajs, prompts, group_size, f"step {prompts.step}"), log_probs=logp,
                        mask=mask, group=torch.arange(len(prompts)).repeat_interleave(group_size),
-                       state={"views": views})
+                       state={"views": views}, versions=versions)
 
     def _score_with(self, scorer, rollout: Rollout, index: torch.Tensor):
         views = [rollout.state["views"][i] for i in index.tolist()]

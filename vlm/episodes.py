@@ -13,6 +13,9 @@ Randomness: the G trajectories of a group reset their environments with the grou
 first observation, same environment randomness for the same actions); reply j of the group at turn
 t draws from a generator seeded from (the prompt seed, j, t) only, and one generate call holds the
 live trajectories of one group only, so trajectories do not depend on the process split.
+Interruptible rollouts (`asynchronous.interrupt`): each turn's generate call takes the newest weights at its start
+(between turns) and at each token boundary (inside a reply, `vlm.generation`); `Trajectory.reply_versions` holds
+each reply token's version.
 Each observation image is encoded once, when it arrives, and reused by every later turn's
 generation and by scoring (re-encoded with grad, once per view, when the vision side trains).
 """
@@ -73,6 +76,7 @@ class Trajectory:
     actions_so_far: int = 0
     replies: list = field(default_factory=list)
     reply_tokens: list = field(default_factory=list)  # tokens of each reply (its action columns)
+    reply_versions: list = field(default_factory=list)  # [l] weights version of each reply's tokens (interruptible)
     states: list = field(default_factory=list)        # a key of the observation each reply answered
     actions: list = field(default_factory=list)
     rewards: list = field(default_factory=list)
@@ -233,7 +237,10 @@ class EpisodeRunner:
                     break
                 row_seeds = None if spec.greedy else [turn_seed(seed, j, turn) for j, _ in live]
                 outs = self.p.backend.sample_rows([x for _, x in live], spec, row_seeds, self.device)
-                for (j, _), (tokens, ended) in zip(live, outs):
+                versions = getattr(self.p.backend, "last_versions", None)     # interruptible rollouts: per token
+                for i, ((j, _), (tokens, ended)) in enumerate(zip(live, outs)):
+                    if versions is not None:
+                        group[j].reply_versions.append(versions[i])
                     self.record(group[j], tokens, ended, turn)
             self.finish(group)
             out += group

@@ -246,12 +246,19 @@ class HFBackend:
     def sample_rows(self, rows: list, spec: SamplingSpec, row_seeds: list[int] | None, device) -> list:
         """One generate call over `rows` (PromptInputs, left-padded together), row r drawing from a generator
         seeded `row_seeds[r]` (None for greedy): [(completion tokens, ended_with_stop)] per row. The caller
-        decides which rows share a call (multi-turn episodes: the live trajectories of one group)."""
+        decides which rows share a call (multi-turn episodes: the live trajectories of one group). With a `check`
+        installed (interruptible rollouts) the call takes newer weights at its start and at each token boundary,
+        and `last_versions` holds each row's [t] version per token (else None)."""
         was_training = self.hf.training
         self.hf.eval()
         try:
             gens = None if spec.greedy else [torch.Generator().manual_seed(s) for s in row_seeds]
-            return self._generate(rows, spec, gens, device)
+            if self.check is None or spec.greedy:
+                self.last_versions = None
+                return self._generate(rows, spec, gens, device)
+            out = self._interruptible(rows, spec, gens, device)
+            self.last_versions = [versions for _, _, versions in out]
+            return [(tokens, ended) for tokens, ended, _ in out]
         finally:
             self.hf.train(was_training)
 

@@ -126,6 +126,15 @@ class VLMCommon(abc.ABC):
     def _greedy(self) -> SamplingSpec:
         return SamplingSpec(self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens, greedy=True)
 
+    def interrupt_with(self, check) -> None:
+        """Interruptible (`mmrl.types.Interruptible`) on the HF backend: a reply stops at a token boundary when newer
+        weights arrive and goes on under them (`vlm.generation`); an agent's next reply also starts with the newest
+        weights (between turns). The log-probs are then left to the worker, which scores each token under the
+        weights that produced it (`Rollout.versions`)."""
+        if check is not None and self.cfg.backend != "hf":
+            raise ValueError(f"policy.backend={self.cfg.backend}: interruptible rollouts need the hf backend")
+        self.p.backend.check = check
+
     # ---------------------------------------------------------------- sampling
     def on_shard(self) -> None:
         """After the trainer sharded `self.model` (distributed.strategy=fsdp): with distributed.rollout=sharded
@@ -236,7 +245,7 @@ class VLMCommon(abc.ABC):
         m.processor.save_pretrained(folder)
 
 
-def _padded_versions(per_row: list, t: int) -> torch.Tensor:
+def padded_versions(per_row: list, t: int) -> torch.Tensor:
     """[N, T] version of each token from each row's [t_i] (padding repeats the row's last version)."""
     out = torch.zeros(len(per_row), t, dtype=torch.long)
     for i, v in enumerate(per_row):
@@ -247,15 +256,7 @@ def _padded_versions(per_row: list, t: int) -> torch.Tensor:
 
 class VLMPolicy(VLMCommon):
     """The single-turn policy: G completions per prompt record; an action is a generated token.
-    Scored rollouts hold per row the prompt, the completion ids and the layout (`vlm.batch.Layout`).
-    Interruptible (`mmrl.types.Interruptible`) on the HF backend: a reply stops at a token boundary when newer
-    weights arrive and goes on under them (`vlm.generation`); its log-probs are then left to the worker, which
-    scores each token under the weights that produced it."""
-
-    def interrupt_with(self, check) -> None:
-        if check is not None and self.cfg.backend != "hf":
-            raise ValueError(f"policy.backend={self.cfg.backend}: interruptible rollouts need the hf backend")
-        self.p.backend.check = check
+    Scored rollouts hold per row the prompt, the completion ids and the layout (`vlm.batch.Layout`)."""
 
     @torch.no_grad()
     def _prompts(self, prompts: PromptBatch) -> list:
@@ -304,7 +305,7 @@ class VLMPolicy(VLMCommon):
         logp = None                                                          # deferred, or scored per version
         if self.cfg.old_log_probs == "rollout" and interrupted is None:
             logp = self._score(rows, completions, layout)                    # [N, T]
-        versions = None if interrupted is None else _padded_versions(interrupted, t)  # [N, T]
+        versions = None if interrupted is None else padded_versions(interrupted, t)  # [N, T]
         n = len(rows)
         return Rollout(
             samples=self._samples(rows, completions, ended, prompts, group_size, f"step {prompts.step}"),

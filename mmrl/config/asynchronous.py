@@ -20,7 +20,8 @@ How the bound is kept (`on_stale`, the `STALENESS` registry; one `StalenessRule`
 Interruptible rollouts (`interrupt: true`): a worker sampling a plan takes each newer version as soon as the
 learner publishes it, at the next action boundary (a token of a reply, a denoising step), and goes on with it, so
 a sample's later actions come from newer weights than its first (never older: the bound above, which counts from a
-plan's first version, still holds). Each action's behaviour log-prob is the one of the weights that produced it.
+plan's first version, still holds); an agent's episode takes them inside a reply and before each turn's reply.
+Each action's behaviour log-prob is the one of the weights that produced it.
 """
 
 from __future__ import annotations
@@ -128,8 +129,6 @@ def _check_combinations(cfg) -> None:
                            "vllm (each rollout worker would need its own engine and weight push; use hf)"),
     }
     if cfg.asynchronous.interrupt:
-        refused["asynchronous.interrupt"] = (cfg.env is not None, "true with an env section (multi-turn episodes "
-                                             "are not interrupted yet: set asynchronous.interrupt=false)")
         refused["algo.objective"] = (algo.objective == "nft", "nft with asynchronous.interrupt=true (a DiffusionNFT "
                                      "sample is trained as one clean image that all its denoising steps made, so "
                                      "it has no one version to bound; set asynchronous.interrupt=false)")

@@ -42,18 +42,10 @@ def _load(*overrides: str, path: str = BANDIT):
     ("asynchronous.cpus_per_reward_worker=-1", "'asynchronous.cpus_per_reward_worker' must be >= 0"),
     ("algo.filter.name=dynamic", "'algo.filter.name' is dynamic"),
     ("distributed.strategy=fsdp", "'distributed.strategy' is fsdp"),
-    ("asynchronous.interrupt=true", None),
 ])
 def test_the_section_is_checked_at_load(override, message):
     from mmrl.config import ConfigError
 
-    if message is None:                                # allowed here; refused with an env section
-        _load("asynchronous.enabled=true", override)
-        message, override = "'asynchronous.interrupt' is true with an env section", override
-        with pytest.raises(ConfigError, match=message):
-            _load("asynchronous.enabled=true", override, path=os.path.join(REPO, "configs", "tiny",
-                                                                          "agent_frozenlake.yaml"))
-        return
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         _load("asynchronous.enabled=true", override)
 

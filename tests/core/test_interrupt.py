@@ -1,6 +1,6 @@
 """Interruptible rollouts (asynchronous.interrupt): a rollout worker, built in process, is offered newer weights
-while it samples a plan; the reply (VLM) or the trajectory (text-to-image) stops at the next action boundary and
-goes on under the new weights. Per action: the version that produced it, and a behaviour log-prob equal to that
+while it samples a plan; the reply (VLM, an agent's) or the trajectory (text-to-image) stops at the next action
+boundary and goes on under the new weights, and an agent's next turn starts with them. Per action: the version that produced it, and a behaviour log-prob equal to that
 version's own (the forward training uses, under each part's weights)."""
 
 from __future__ import annotations
@@ -129,3 +129,72 @@ def test_an_interrupted_diffusion_trajectory_has_each_steps_behaviour_log_probs(
     assert not torch.equal(ro.state["latents"][:, 2:], whole_ro.state["latents"][:, 2:])
     expected = _per_version_log_probs(worker, ro, {0: v0, 1: v1})   # the training forward, step by step
     assert torch.equal(ro.log_probs, expected)
+
+
+def _action_ids(ro, i: int) -> torch.Tensor:
+    """[T_i] the token ids of trajectory i's replies, in column order (from its scoring views)."""
+    views = sorted(ro.state["views"][i], key=lambda v: v.column)
+    return torch.cat([v.inputs.input_ids[v.positions] for v in views])
+
+
+def _agent_columns(ro) -> list[list[slice]]:
+    """Per trajectory, the action columns of each of its replies (replies fill the columns in turn order)."""
+    from mmrl.episodes import EpisodeMeta
+
+    out = []
+    for s in ro.samples:
+        ends = torch.tensor(s.meta[EpisodeMeta.TURN_TOKENS]).cumsum(0).tolist()
+        out.append([slice(a, b) for a, b in zip([0] + ends[:-1], ends)])
+    return out
+
+
+@pytest.mark.parametrize("where", ["inside a reply", "between turns"])
+def test_an_interrupted_agent_episode_has_each_replys_behaviour_log_probs(where):
+    """The tiny agent (FrozenLake, 3 turns): the offer lands after the 4th token of the first group's first replies,
+    or once the first group's first reply was stepped (its next turn starts with the new weights). Replies before
+    it are the uninterrupted run's; each token's behaviour log-prob is its own version's, to the bit."""
+    worker, cfg = _worker("agent_tiny", "algo.filter.name=none")
+    v0, v1 = _two_versions(worker)
+    plan = list(range(cfg.train.prompts_per_step))
+    whole, _ = worker.generate(0, plan, 0, [v0])
+    assert torch.equal(whole.rollout.versions, torch.zeros_like(whole.rollout.versions))
+
+    runner, g = worker.policy.episodes, cfg.train.group_size
+    if where == "inside a reply":
+        seen = _offer_at(worker, 5, 1, v1)
+    else:
+        seen = _offer_at(worker, 0, 1, v1)                            # no offer from the check itself
+        record = runner.record
+
+        def record_then_offer(t, tokens, ended, turn):
+            record(t, tokens, ended, turn)
+            if turn == 0 and worker.version == 0:
+                worker.offer(1, [v1])
+
+        runner.record = record_then_offer
+    batch, _ = worker.generate(0, plan, 0, [v0])
+    ro, mask = batch.rollout, batch.rollout.mask.bool()
+    assert batch.version == 0 and worker.version == 1 and seen[0] == 0 and seen[-1] == 1
+    cols, whole_cols = _agent_columns(ro), _agent_columns(whole.rollout)
+    for i in range(len(ro)):
+        for turn, c in enumerate(cols[i]):
+            v = ro.versions[i, c]
+            if i >= g or turn > 0:
+                assert (v == 1).all(), (i, turn)                      # after the offer: the new weights only
+            elif where == "between turns":
+                assert (v == 0).all()                                 # the replies stepped before the offer
+            else:
+                assert (v[:4] == 0).all() and (v[4:] == 1).all()
+    assert (ro.versions[:, 1:] >= ro.versions[:, :-1]).all()          # never back along a trajectory
+    # the first group's tokens before the offer are the uninterrupted run's: its first replies (between turns) or
+    # their first 4 tokens (inside a reply); what follows differs
+    for i in range(g):
+        before = cols[i][0] if where == "between turns" else slice(0, 4)
+        assert cols[i][0] == whole_cols[i][0] or where == "inside a reply"
+        assert torch.equal(_action_ids(ro, i)[before], _action_ids(whole.rollout, i)[before])
+    assert [_action_ids(ro, i).tolist() for i in range(len(ro))] != \
+        [_action_ids(whole.rollout, i).tolist() for i in range(len(ro))]
+    assert ro.log_probs is not None
+    expected = _per_version_log_probs(worker, ro, {0: v0, 1: v1})
+    assert torch.equal(ro.log_probs[mask], expected[mask])
+    assert not torch.equal(ro.log_probs[mask], _per_version_log_probs(worker, ro, {0: v0, 1: v0})[mask])
