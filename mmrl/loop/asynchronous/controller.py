@@ -44,14 +44,17 @@ class _Running:
 
 @dataclass
 class _Scoring:
-    """A plan sampled by a rollout worker, waiting for or being scored by a reward worker."""
+    """A plan whose samples a reward worker scores (asynchronous.reward_workers): the score call is sent when the
+    plan starts, on the samples' Ray ref, so Ray runs it as soon as they exist, without the driver; the batch is
+    made when both the rollout (the rollout worker's second return) and the scores have arrived."""
 
     plan: int
     version: int
-    samples: object                  # Ray ref of the samples
-    rollout: object                  # the rollout without its samples
-    info: dict
-    scorer: int = -1                 # the reward worker scoring it (-1: waiting for one)
+    samples: object                  # Ray ref of the samples (the rollout worker's first return)
+    scorer: int                      # the reward worker scoring it
+    rollout: object = None           # the rollout without its samples, once its worker returned
+    info: dict | None = None
+    scored: tuple | None = None      # (scores, metrics), once the reward worker returned
 
 
 @dataclass
@@ -73,7 +76,8 @@ class Controller:
                   or DiffusionNFT's old copy of them (algo.objective=nft; a worker loads them as old = theta).
     scorers:      Ray actor handles of `RewardWorker` (asynchronous.reward_workers); empty: each rollout worker
                   scores its own samples. With reward workers a rollout worker is free as soon as it has sampled a
-                  plan; the plan's samples go to the first free reward worker, and the driver makes the batch
+                  plan; plan p's samples go straight to reward worker p mod k (a call chained on their Ray ref when
+                  the plan starts, so scoring goes on while the learner updates), and the driver makes the batch
                   (group filter, advantages) from the rollout and its scores.
     prompts_per_step, group_size, max_steps: the run's sizes.
     owns_ray:     this run started Ray (`close` shuts it down).
@@ -83,8 +87,8 @@ class Controller:
                  group_size: int, max_steps: int, owns_ray: bool = False, scorers: list = ()):
         self.section, self.workers, self.sampler, self.params = section, workers, local.sampler, params
         self.local, self.scorers = local, list(scorers)
-        self._scoring: dict = {}               # Ray ref of a score call (or plan, while queued) -> _Scoring
-        self._free_scorers = list(range(len(self.scorers)))
+        self._scoring: dict = {}               # plan -> _Scoring (reward workers)
+        self._score_calls: dict = {}           # Ray ref of a score call -> its plan
         self.rewards, self.records, self.owns_ray = local.rewards, local.records, owns_ray
         self.prompts_per_step, self.group_size, self.max_steps = prompts_per_step, group_size, max_steps
         self.rule = STALENESS.resolve(section.on_stale, "asynchronous.on_stale")
@@ -174,6 +178,9 @@ class Controller:
         args = (plan, indices, self.version, [self._weights_ref()])
         if self.scorers:                       # (samples, (rollout without them, info)): scored elsewhere
             samples, ref = self.workers[worker].sample.options(num_returns=2).remote(*args)
+            scorer = plan % len(self.scorers)  # an actor runs its calls in order: the oldest plan's scores first
+            self._score_calls[self.scorers[scorer].score.remote(samples)] = plan
+            self._scoring[plan] = _Scoring(plan, self.version, samples, scorer)
         else:
             samples, ref = None, self.workers[worker].generate.remote(*args)
         self._running[ref] = _Running(worker, plan, time.perf_counter(), self.version, samples)
@@ -192,19 +199,19 @@ class Controller:
         """Block until a running plan, or a plan's scoring, finishes (any: workers are freed as they finish)."""
         import ray
 
-        scoring = [ref for ref, s in self._scoring.items() if s.scorer >= 0]
+        scoring = list(self._score_calls)
         if not self._running and not scoring:
             raise RuntimeError(f"async: plan {plan} is neither running nor finished (version {self.version}, "
                                f"next plan {self.next_plan}); the staleness rule admitted no plan")
         done, _ = ray.wait(list(self._running) + scoring, num_returns=1, timeout=self.section.timeout_s)
         if not done:
             late = ", ".join([f"rollout worker {r.worker} (plan {r.plan})" for r in self._running.values()]
-                             + [f"reward worker {self._scoring[r].scorer} (plan {self._scoring[r].plan})"
-                                for r in scoring])
+                             + [f"reward worker {self._scoring[p].scorer} (plan {p})"
+                                for p in self._score_calls.values()])
             raise RuntimeError(f"async: no worker returned within asynchronous.timeout_s={self.section.timeout_s} "
                                f"s; still running: {late}")
         ref = done[0]
-        if ref in self._scoring:
+        if ref in self._score_calls:
             self._scored(ref)
             return
         running = self._running.pop(ref)
@@ -224,27 +231,15 @@ class Controller:
         if running.samples is None:
             self._finished[running.plan] = (batch, info)
             return
-        rollout = batch                                   # sampled, not scored: to the first free reward worker
-        self._scoring[("queued", running.plan)] = _Scoring(running.plan, running.version, running.samples, rollout,
-                                                           info)
-        self._hand_scoring()
-
-    def _hand_scoring(self) -> None:
-        """Sampled plans to free reward workers, oldest first."""
-        queued = sorted((s.plan, key) for key, s in self._scoring.items() if s.scorer < 0)
-        for _, key in queued:
-            if not self._free_scorers:
-                return
-            job = self._scoring.pop(key)
-            job.scorer = self._free_scorers.pop(0)
-            self._scoring[self.scorers[job.scorer].score.remote(job.samples)] = job
+        job = self._scoring[running.plan]                 # sampled, not scored: its reward worker scores it
+        job.rollout, job.info = batch, info
+        self._make_scored(job)
 
     def _scored(self, ref) -> None:
-        """A reward worker's scores: the plan's batch made here (group filter, advantages), as a rollout worker
-        makes it when it scores itself."""
+        """A reward worker's scores of a plan."""
         import ray
 
-        job = self._scoring.pop(ref)
+        job = self._scoring[self._score_calls.pop(ref)]
         try:
             scores, metrics, info = ray.get(ref)
         except ray.exceptions.RayActorError as e:
@@ -253,12 +248,20 @@ class Controller:
         if info.get("restarted"):
             self.restarts += 1
             log.warning("async: reward worker %d was restarted; plan %d was scored again", job.scorer, job.plan)
-        self._free_scorers.append(job.scorer)
-        self._free_scorers.sort()
+        job.scored = (scores, metrics)
+        self._make_scored(job)
+
+    def _make_scored(self, job: _Scoring) -> None:
+        """Once a plan's rollout and scores have both arrived: its batch made here (group filter, advantages), as a
+        rollout worker makes it when it scores itself."""
+        import ray
+
+        if job.rollout is None or job.scored is None:
+            return
+        del self._scoring[job.plan]
         rollout = replace(job.rollout, samples=ray.get(job.samples))
-        batch = self.local.next_batch(job.plan, scored=(rollout, scores, metrics))
+        batch = self.local.next_batch(job.plan, scored=(rollout, *job.scored))
         self._finished[job.plan] = (replace(batch, version=job.version), job.info)
-        self._hand_scoring()
 
     # --- metrics -------------------------------------------------------------------------------------------
     def _metrics(self, batch, step: int, wait: float, dropped_groups: int, info: dict) -> dict:
