@@ -214,14 +214,15 @@ def setup(cfg: Config) -> Run:
                           prompts_per_process=p // world)
     learner = Learner(policy=policy, optimizer=optimizer, scheduler=scheduler, params=params, accelerator=acc,
                       ema=build_ema(params, cfg.train), train=cfg.train, optim=cfg.optim, algo=cfg.algo, seed=cfg.seed)
-    if cfg.asynchronous.enabled:          # rollout workers on Ray sample; this process learns (mmrl.loop.asynchronous)
-        if world > 1:
-            raise ConfigError(f"asynchronous.enabled=true runs its learner in one process; launched with {world} "
-                              "processes: start `mmrl train` without torchrun / accelerate launch")
+    if cfg.asynchronous.enabled:          # rollout workers on Ray sample; these processes learn (mmrl.loop.asynchronous)
         from mmrl.loop.asynchronous.controller import start
+        from mmrl.loop.asynchronous.follower import Follower
 
-        # the weights the rollouts sample with: DiffusionNFT's old copy (mmrl.types.ForwardProcess), else the trained
-        generator = start(cfg, generator, policy.old_parameters() if cfg.algo.objective == "nft" else params)
+        if acc.is_main_process:           # the weights the rollouts sample with: DiffusionNFT's old copy, else these
+            published = policy.old_parameters() if cfg.algo.objective == "nft" else params
+            generator = start(cfg, generator, published, world=world)
+        else:                             # process 0 sends this process its share of each step batch
+            generator = Follower(generator)
     evaluator = None
     if eval_records is not None:
         evaluator = Evaluator(policy=policy, rewards=rewards, records=eval_records[:cfg.eval.max_prompts],

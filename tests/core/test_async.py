@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -292,6 +293,30 @@ def test_a_killed_driver_resumes_with_resume_auto(tmp_path, mmrl_cmd):
     assert done.returncode == 0, done.stderr[-3000:]
     sync = _train(BANDIT, tmp_path / "sync", *common)
     assert _rows(run) == _rows(sync)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_learner_of_two_processes_trains_what_the_synchronous_two_process_run_trains(tmp_path, free_port,
+                                                                                      run_side_by_side):
+    """torchrun with 2 processes, eta = 0, one rollout worker: the worker samples each plan in 2 shares, process 0
+    scatters them, each process filters and trains its own; rows (reduced over processes), process 0's samples and
+    the final weights equal the synchronous 2-process run's, bit for bit."""
+    path = os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml")
+    common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0",
+              "logging.progress=false")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+
+    def launched(out, *extra):
+        return ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                 str(free_port()), "-m", "mmrl", "train", path, f"output_dir={out}", *common, *extra], env)
+
+    sync, run = tmp_path / "sync", tmp_path / "async"
+    run_side_by_side([launched(sync), launched(run, "asynchronous.enabled=true")], timeout=900)
+    assert _rows(run) == _rows(sync) and len(_rows(run)) == 3
+    assert _samples(run) == _samples(sync)
+    ours, theirs = _weights(run), _weights(sync)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 @pytest.mark.integration

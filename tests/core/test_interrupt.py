@@ -23,6 +23,12 @@ def _worker(config: str, *overrides: str):
     return RolloutWorker(to_yaml(cfg), 0, cwd=REPO, behaviour=True, threads=1, interrupt=True), cfg
 
 
+def _sampled(worker, plan: list, weights: list):
+    """The rollout of plan 0 over the records `plan`, handed out with `weights` as version 0 (one share)."""
+    (share,), _ = worker.generate(0, plan, 0, [weights])
+    return share[0]
+
+
 def _two_versions(worker) -> tuple[list, list]:
     """The worker's weights (version 0) and a perturbation of them (version 1), as the learner would send them."""
     torch.manual_seed(0)
@@ -60,14 +66,13 @@ def test_an_interrupted_vlm_reply_has_each_parts_behaviour_log_probs(share):
     worker, cfg = _worker("vlm_tiny", f"policy.share_prefix_generation={share}")
     v0, v1 = _two_versions(worker)
     plan = list(range(cfg.train.prompts_per_step))
-    whole, _ = worker.generate(0, plan, 0, [v0])                      # no offer: every token by version 0
-    assert torch.equal(whole.rollout.versions, torch.zeros_like(whole.rollout.versions))
+    whole = _sampled(worker, plan, v0)                      # no offer: every token by version 0
+    assert torch.equal(whole.versions, torch.zeros_like(whole.versions))
 
     seen = _offer_at(worker, 5, 1, v1)          # boundaries: the first call's start, then after each token
-    batch, _ = worker.generate(0, plan, 0, [v0])
-    ro, mask = batch.rollout, batch.rollout.mask.bool()
+    ro = _sampled(worker, plan, v0)
+    mask = ro.mask.bool()
     assert seen[:4] == [0, 0, 0, 0] and set(seen[4:]) == {1} and worker.version == 1
-    assert batch.version == 0                                         # the plan's first version
     g = cfg.train.group_size
     first = ro.versions[:g]                                           # the first prompt's rows: interrupted
     assert (first[:, :4] == 0).all() and (first[:, 4:][mask[:g, 4:]] == 1).all() and mask[:g, 4:].any()
@@ -75,7 +80,7 @@ def test_an_interrupted_vlm_reply_has_each_parts_behaviour_log_probs(share):
     assert (ro.versions[:, 1:] >= ro.versions[:, :-1]).all()          # versions never go back along a reply
     # the first 4 tokens are the uninterrupted run's; what follows is version 1's
     ids = [s.meta["completion_ids"] for s in ro.samples]
-    ids0 = [s.meta["completion_ids"] for s in whole.rollout.samples]
+    ids0 = [s.meta["completion_ids"] for s in whole.samples]
     assert [x[:4] for x in ids[:g]] == [x[:4] for x in ids0[:g]] and ids != ids0
     assert [ids[j][4:] for j in range(g) if len(ids[j]) > 4] == _continued(worker, cfg, plan, v1, ids[:g], 4)
     expected = _per_version_log_probs(worker, ro, {0: v0, 1: v1})
@@ -115,12 +120,12 @@ def test_an_interrupted_diffusion_trajectory_has_each_steps_behaviour_log_probs(
     worker, cfg = _worker("sd3_tiny")
     v0, v1 = _two_versions(worker)
     plan = list(range(cfg.train.prompts_per_step))
-    whole, _ = worker.generate(0, plan, 0, [v0])
+    whole = _sampled(worker, plan, v0)
 
     seen = _offer_at(worker, 2, 1, v1)                                # before denoising step 1 (of 0..3)
-    batch, _ = worker.generate(0, plan, 0, [v0])
-    ro, whole_ro = batch.rollout, whole.rollout
-    assert seen == [0, 1, 1, 1] and batch.version == 0
+    ro = _sampled(worker, plan, v0)
+    whole_ro = whole
+    assert seen == [0, 1, 1, 1]
     steps = ro.state["step_index"]                                    # [N, T] trained steps 0, 1, 2
     assert torch.equal(ro.versions, (steps >= 1).long())
     # step 0 ran under version 0 exactly as without the offer; every later step under version 1
@@ -153,11 +158,11 @@ def test_an_interrupted_agent_episode_has_each_replys_behaviour_log_probs(where)
     """The tiny agent (FrozenLake, 3 turns): the offer lands after the 4th token of the first group's first replies,
     or once the first group's first reply was stepped (its next turn starts with the new weights). Replies before
     it are the uninterrupted run's; each token's behaviour log-prob is its own version's, to the bit."""
-    worker, cfg = _worker("agent_tiny", "algo.filter.name=none")
+    worker, cfg = _worker("agent_tiny")
     v0, v1 = _two_versions(worker)
     plan = list(range(cfg.train.prompts_per_step))
-    whole, _ = worker.generate(0, plan, 0, [v0])
-    assert torch.equal(whole.rollout.versions, torch.zeros_like(whole.rollout.versions))
+    whole = _sampled(worker, plan, v0)
+    assert torch.equal(whole.versions, torch.zeros_like(whole.versions))
 
     runner, g = worker.policy.episodes, cfg.train.group_size
     if where == "inside a reply":
@@ -172,10 +177,10 @@ def test_an_interrupted_agent_episode_has_each_replys_behaviour_log_probs(where)
                 worker.offer(1, [v1])
 
         runner.record = record_then_offer
-    batch, _ = worker.generate(0, plan, 0, [v0])
-    ro, mask = batch.rollout, batch.rollout.mask.bool()
-    assert batch.version == 0 and worker.version == 1 and seen[0] == 0 and seen[-1] == 1
-    cols, whole_cols = _agent_columns(ro), _agent_columns(whole.rollout)
+    ro = _sampled(worker, plan, v0)
+    mask = ro.mask.bool()
+    assert worker.version == 1 and seen[0] == 0 and seen[-1] == 1
+    cols, whole_cols = _agent_columns(ro), _agent_columns(whole)
     for i in range(len(ro)):
         for turn, c in enumerate(cols[i]):
             v = ro.versions[i, c]
@@ -191,9 +196,9 @@ def test_an_interrupted_agent_episode_has_each_replys_behaviour_log_probs(where)
     for i in range(g):
         before = cols[i][0] if where == "between turns" else slice(0, 4)
         assert cols[i][0] == whole_cols[i][0] or where == "inside a reply"
-        assert torch.equal(_action_ids(ro, i)[before], _action_ids(whole.rollout, i)[before])
+        assert torch.equal(_action_ids(ro, i)[before], _action_ids(whole, i)[before])
     assert [_action_ids(ro, i).tolist() for i in range(len(ro))] != \
-        [_action_ids(whole.rollout, i).tolist() for i in range(len(ro))]
+        [_action_ids(whole, i).tolist() for i in range(len(ro))]
     assert ro.log_probs is not None
     expected = _per_version_log_probs(worker, ro, {0: v0, 1: v1})
     assert torch.equal(ro.log_probs[mask], expected[mask])

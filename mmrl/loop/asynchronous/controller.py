@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from mmrl.config.asynchronous import STALENESS, AsyncConfig
-from mmrl.distributed.reduce import maximum, mean, summed
+from mmrl.distributed.reduce import maximum, mean, summed, weighted_mean
 from mmrl.errors import ConfigError
 
 log = logging.getLogger("mmrl")
@@ -43,6 +43,15 @@ class _Running:
 
 
 @dataclass
+class _Sampled:
+    """A plan sampled and scored: one (rollout, scores [N, K], reward metrics) per learner process."""
+
+    shares: list
+    version: int                     # the weights the plan started with
+    info: dict
+
+
+@dataclass
 class _Scoring:
     """A plan whose samples a reward worker scores (asynchronous.reward_workers): the score call is sent when the
     plan starts, on the samples' Ray ref, so Ray runs it as soon as they exist, without the driver; the batch is
@@ -50,11 +59,11 @@ class _Scoring:
 
     plan: int
     version: int
-    samples: object                  # Ray ref of the samples (the rollout worker's first return)
+    samples: object                  # Ray ref of the samples, one list per share (the rollout worker's first return)
     scorer: int                      # the reward worker scoring it
-    rollout: object = None           # the rollout without its samples, once its worker returned
+    rollouts: list | None = None     # each share's rollout without its samples, once its worker returned
     info: dict | None = None
-    scored: tuple | None = None      # (scores, metrics), once the reward worker returned
+    scored: list | None = None       # [(scores, metrics)] per share, once the reward worker returned
 
 
 @dataclass
@@ -81,16 +90,20 @@ class Controller:
                   (group filter, advantages) from the rollout and its scores.
     prompts_per_step, group_size, max_steps: the run's sizes.
     owns_ray:     this run started Ray (`close` shuts it down).
+    world:        the learner's processes (torchrun): this controller runs on process 0; each plan is sampled in
+                  `world` shares and share r goes to process r (`mmrl.loop.asynchronous.follower`), where that
+                  process makes its batch (group filter, advantages) as the synchronous trainer's process r does.
     """
 
     def __init__(self, *, section: AsyncConfig, workers: list, local, params: list, prompts_per_step: int,
-                 group_size: int, max_steps: int, owns_ray: bool = False, scorers: list = ()):
+                 group_size: int, max_steps: int, owns_ray: bool = False, scorers: list = (), world: int = 1):
         self.section, self.workers, self.sampler, self.params = section, workers, local.sampler, params
         self.local, self.scorers = local, list(scorers)
         self._scoring: dict = {}               # plan -> _Scoring (reward workers)
         self._score_calls: dict = {}           # Ray ref of a score call -> its plan
         self.rewards, self.records, self.owns_ray = local.rewards, local.records, owns_ray
         self.prompts_per_step, self.group_size, self.max_steps = prompts_per_step, group_size, max_steps
+        self.world = world
         self.rule = STALENESS.resolve(section.on_stale, "asynchronous.on_stale")
         self.version = 0
         self.next_plan = 0                     # the next plan to hand out
@@ -98,7 +111,7 @@ class Controller:
         self.dropped_plans = 0
         self._snapshots: dict[int, dict] = {}  # plan -> sampler state before its prompts were drawn
         self._running: dict = {}               # Ray object ref -> _Running
-        self._finished: dict[int, tuple] = {}  # plan -> (batch, info)
+        self._finished: dict[int, _Sampled] = {}   # plan -> its sampled and scored shares
         self._idle = list(range(len(workers)))
         self._weights: tuple[int, object] | None = None   # (version, object ref) last put
         self.restarts = 0                      # workers Ray restarted (their plans sampled or scored again)
@@ -114,6 +127,9 @@ class Controller:
                 self.workers[running.worker].offer.options(concurrency_group="offers").remote(version, [ref])
 
     def next_batch(self, step: int):
+        """The oldest kept plan's batch of this process (process 0); the other processes' shares are sent to them."""
+        from mmrl.loop.asynchronous.follower import share_out
+
         t0 = time.perf_counter()
         dropped_groups = 0
         while True:
@@ -122,17 +138,19 @@ class Controller:
             if plan not in self._finished:
                 self._wait_for(plan)
                 continue
-            batch, info = self._finished.pop(plan)
+            sampled = self._finished.pop(plan)
             self.next_train += 1
             self._snapshots.pop(plan, None)
-            if self.rule.keep(batch.version, step, self.section.max_staleness):
+            if self.rule.keep(sampled.version, step, self.section.max_staleness):
                 break
-            dropped_groups += len(batch.rollout) // max(1, self.group_size)
+            dropped_groups += sum(len(ro) for ro, _, _ in sampled.shares) // max(1, self.group_size)
             self.dropped_plans += 1
-            log.info("async: plan %d (version %d) is too old for step %d; discarded", plan, batch.version, step)
+            log.info("async: plan %d (version %d) is too old for step %d; discarded", plan, sampled.version, step)
         self._hand_out()                        # the workers sample on while the learner updates
         wait = time.perf_counter() - t0
-        return replace(batch, metrics={**batch.metrics, **self._metrics(batch, step, wait, dropped_groups, info)})
+        metrics = self._metrics(sampled, wait, dropped_groups)
+        share = share_out(plan, sampled.version, sampled.shares, metrics)
+        return batch_of(self.local, plan, sampled.version, share, metrics, step)
 
     def state_dict(self) -> dict:
         """The sampler before the oldest plan not yet trained, that plan, and the plans discarded so far (plan
@@ -175,7 +193,7 @@ class Controller:
         self._snapshots[plan] = self.sampler.state_dict()
         indices = self.sampler.take(self.prompts_per_step)
         # the ref travels in a list, so the worker fetches the tensors only when it lacks this version
-        args = (plan, indices, self.version, [self._weights_ref()])
+        args = (plan, indices, self.version, [self._weights_ref()], self.world)
         if self.scorers:                       # (samples, (rollout without them, info)): scored elsewhere
             samples, ref = self.workers[worker].sample.options(num_returns=2).remote(*args)
             scorer = plan % len(self.scorers)  # an actor runs its calls in order: the oldest plan's scores first
@@ -229,10 +247,10 @@ class Controller:
         self._idle.append(running.worker)
         self._idle.sort()
         if running.samples is None:
-            self._finished[running.plan] = (batch, info)
+            self._finished[running.plan] = _Sampled(batch, running.version, info)
             return
         job = self._scoring[running.plan]                 # sampled, not scored: its reward worker scores it
-        job.rollout, job.info = batch, info
+        job.rollouts, job.info = batch, info
         self._make_scored(job)
 
     def _scored(self, ref) -> None:
@@ -241,59 +259,71 @@ class Controller:
 
         job = self._scoring[self._score_calls.pop(ref)]
         try:
-            scores, metrics, info = ray.get(ref)
+            scored, info = ray.get(ref)
         except ray.exceptions.RayActorError as e:
             raise RuntimeError(f"async: reward worker {job.scorer} died scoring plan {job.plan} after "
                                f"asynchronous.max_restarts={self.section.max_restarts} restarts: {e}") from None
         if info.get("restarted"):
             self.restarts += 1
             log.warning("async: reward worker %d was restarted; plan %d was scored again", job.scorer, job.plan)
-        job.scored = (scores, metrics)
+        job.scored = scored
         self._make_scored(job)
 
     def _make_scored(self, job: _Scoring) -> None:
-        """Once a plan's rollout and scores have both arrived: its batch made here (group filter, advantages), as a
-        rollout worker makes it when it scores itself."""
+        """Once a plan's rollouts and scores have both arrived: its shares, the samples back in their rollouts."""
         import ray
 
-        if job.rollout is None or job.scored is None:
+        if job.rollouts is None or job.scored is None:
             return
         del self._scoring[job.plan]
-        rollout = replace(job.rollout, samples=ray.get(job.samples))
-        batch = self.local.next_batch(job.plan, scored=(rollout, *job.scored))
-        self._finished[job.plan] = (replace(batch, version=job.version), job.info)
+        shares = [(replace(ro, samples=samples), scores, metrics)
+                  for ro, samples, (scores, metrics) in zip(job.rollouts, ray.get(job.samples), job.scored)]
+        self._finished[job.plan] = _Sampled(shares, job.version, job.info)
 
     # --- metrics -------------------------------------------------------------------------------------------
-    def _metrics(self, batch, step: int, wait: float, dropped_groups: int, info: dict) -> dict:
-        ro = batch.rollout
-        mask = ro.mask.bool()
-        age = (step - ro.versions)[mask].float() if ro.versions is not None and mask.any() else torch.zeros(1)
-        spans = 0.0                                                      # samples whose actions span versions
-        if ro.versions is not None and len(ro):
-            v, m = ro.versions.cpu(), mask.cpu()
-            spans = float((torch.where(m, v, -1).amax(1) > torch.where(m, v, 1 << 62).amin(1)).float().mean())
+    def _metrics(self, sampled: _Sampled, wait: float, dropped_groups: int) -> dict:
+        """The controller's metrics of a step (the same on every learner process; counts on process 0 only). The
+        staleness of the trained actions is each process's own batch's (`batch_of`)."""
         now = time.perf_counter()
         window = max(now - self._clock.window_start, 1e-9)
         busy = self._clock.busy + sum(now - max(r.started, self._clock.window_start) for r in self._running.values())
         n = len(self.workers)
         out = {
-            "async/staleness/mean": mean(float(age.mean())),
-            "async/staleness/max": maximum(float(age.max())),
             "async/dropped_groups": summed(dropped_groups),
             "async/learner_idle_frac": mean(min(1.0, wait / window)),
             "async/generator_idle_frac": mean(max(0.0, 1.0 - busy / (n * window))),
-            "async/weight_sync_s": mean(self._sync_s + float(info.get("load_s", 0.0))),
-            "async/version": mean(float(batch.version)),
-            "async/interrupted_frac": mean(spans),
+            "async/weight_sync_s": mean(self._sync_s + float(sampled.info.get("load_s", 0.0))),
+            "async/version": mean(float(sampled.version)),
             "async/worker_restarts": summed(self.restarts),
         }
         self._clock, self._sync_s = _Clock(window_start=now), 0.0
         return out
 
 
-def start(cfg, local, params) -> Controller:
+def batch_of(local, plan: int, version: int, share: tuple, metrics: dict, step: int):
+    """A learner process's `StepBatch` of a plan from its share (rollout, scores, reward metrics): the group filter
+    and the advantages by its own generator (`Generator.next_batch`, whose collectives every process joins), the
+    plan's version, the controller's metrics, and the staleness of the actions it trains."""
+    batch = local.next_batch(plan, scored=share)
+    ro = batch.rollout
+    mask = ro.mask.bool()
+    age = (step - ro.versions)[mask].float() if ro.versions is not None and mask.any() else torch.zeros(0)
+    spans = 0.0                                                      # samples whose actions span versions
+    if ro.versions is not None and len(ro):
+        v, m = ro.versions.cpu(), mask.cpu()
+        spans = float((torch.where(m, v, -1).amax(1) > torch.where(m, v, 1 << 62).amin(1)).float().mean())
+    own = {
+        "async/staleness/mean": weighted_mean(float(age.mean()) if age.numel() else 0.0, age.numel()),
+        "async/staleness/max": maximum(float(age.max()) if age.numel() else 0.0),
+        "async/interrupted_frac": weighted_mean(spans, len(ro)),
+    }
+    return replace(batch, version=version, metrics={**batch.metrics, **metrics, **own})
+
+
+def start(cfg, local, params, world: int = 1) -> Controller:
     """Ray up (this machine, or the cluster at asynchronous.address), the rollout workers built (each loads the
-    config and builds its policy), checked against the cluster's resources first."""
+    config and builds its policy), checked against the cluster's resources first; on process 0 of a learner of
+    `world` processes."""
     import ray
 
     from mmrl.config import to_yaml
@@ -354,4 +384,4 @@ def start(cfg, local, params) -> Controller:
         print(f"mmrl: {p['role']} {p['worker']} on {where}, pid {p['pid']}", flush=True)
     return Controller(section=a, workers=workers, local=local, params=params,
                       prompts_per_step=cfg.train.prompts_per_step, group_size=cfg.train.group_size,
-                      max_steps=cfg.max_steps, owns_ray=owns_ray, scorers=scorers)
+                      max_steps=cfg.max_steps, owns_ray=owns_ray, scorers=scorers, world=world)

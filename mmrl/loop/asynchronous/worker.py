@@ -2,10 +2,12 @@
 
 It holds what the synchronous generator holds (the adapter's policy, the reward set, the training records, a
 `mmrl.loop.collect.Generator`), built from the run's config in its own process, and a version: the learner's
-weights it last loaded. Each call `generate(plan, indices, version, weights)` loads newer weights when they are
-sent, samples the plan's prompts (their seeds come from (run seed, plan, position), as the synchronous trainer's
-come from (run seed, step, position)), scores them, filters the groups and computes advantages, and returns the
-`StepBatch` stamped with its version and, per action, `Rollout.versions`.
+weights it last loaded. Each call `generate(plan, indices, version, weights, world)` loads newer weights when they
+are sent, samples the plan's prompts (their seeds come from (run seed, plan, position), as the synchronous
+trainer's come from (run seed, step, position)) and scores them, in `world` shares: the prompts each of the
+learner's processes would sample in a synchronous run of that many processes, so that each learner process
+filters its share's groups and computes their advantages itself (`Generator.next_batch(plan, scored=...)`).
+Every action carries its version in `Rollout.versions`.
 
 With max_staleness > 0 a batch may be trained by newer weights than sampled it, so an adapter's deferred
 log-probs (`Rollout.log_probs is None`: the first training forward's own values) would be wrong; the worker then
@@ -73,10 +75,10 @@ class RolloutWorker:
         set_seed(cfg.seed)
         self.policy = build_policy_for_run(cfg, self.accelerator, shard=False)
         self.params = list(self.policy.trainable_parameters())
-        rewards = build_rewards(cfg)[0] if scores else None            # else reward workers score (`sample`)
+        self.rewards = build_rewards(cfg)[0] if scores else None       # else reward workers score (`sample`)
         records, _ = run_records(cfg)
         self.samples_per_microbatch = cfg.train.samples_per_microbatch
-        self.generator = Generator(policy=self.policy, rewards=rewards, records=records, sampler=PlannedPrompts(),
+        self.generator = Generator(policy=self.policy, rewards=self.rewards, records=records, sampler=PlannedPrompts(),
                                    seed=cfg.seed, train=cfg.train, algo=cfg.algo, episodes=cfg.env is not None,
                                    process_index=0, prompts_per_process=cfg.train.prompts_per_step)
         self.version = -1                                              # no weights loaded yet
@@ -127,28 +129,40 @@ class RolloutWorker:
             self._load(offered[0], _fetch(offered[1][0]))
         return self.version
 
-    def generate(self, plan: int, indices: list[int], version: int, weights: list):
-        """The `StepBatch` of plan `plan` over the records `indices`, sampled by version `version`, whose
-        trainable tensors are the object `weights[0]` (a Ray object ref, in a list so that Ray does not fetch it:
-        it is fetched only when this worker holds another version, e.g. after Ray restarted it); returns
-        (batch, {"busy_s", "load_s", "restarted"})."""
+    def generate(self, plan: int, indices: list[int], version: int, weights: list, world: int = 1):
+        """Plan `plan` over the records `indices`, sampled by version `version`, whose trainable tensors are the
+        object `weights[0]` (a Ray object ref, in a list so that Ray does not fetch it: it is fetched only when
+        this worker holds another version, e.g. after Ray restarted it), and scored; returns
+        ([(rollout, scores [N, K], reward metrics)] one per learner process, {"busy_s", "load_s", "restarted"})."""
         t0 = time.perf_counter()
         t1 = self._start(plan, indices, version, weights)
         restarted, self.first_call = self.first_call and _reconstructed(), False
-        batch = replace(self.generator.next_batch(plan), version=version)   # the version its plan started with
-        batch = replace(batch, rollout=self._with_behaviour(batch.rollout, version))
-        return batch, {"busy_s": time.perf_counter() - t0, "load_s": t1 - t0, "restarted": restarted}
+        shares = [(ro, *self.rewards.score(ro.samples)) for ro in self._shares(plan, indices, version, world)]
+        return shares, {"busy_s": time.perf_counter() - t0, "load_s": t1 - t0, "restarted": restarted}
 
-    def sample(self, plan: int, indices: list[int], version: int, weights: list):
+    def sample(self, plan: int, indices: list[int], version: int, weights: list, world: int = 1):
         """Plan `plan` sampled as `generate` samples it, not scored (asynchronous.reward_workers: a reward worker
         scores it while this worker samples the next plan). Two returns, so that the samples travel to a reward
-        worker without the rest: the samples, and (the rollout without its samples, info)."""
+        worker without the rest: each share's samples, and (each share's rollout without its samples, info)."""
         t0 = time.perf_counter()
         t1 = self._start(plan, indices, version, weights)
         restarted, self.first_call = self.first_call and _reconstructed(), False
-        rollout = self._with_behaviour(self.generator.sample(plan), version)
+        rollouts = self._shares(plan, indices, version, world)
         info = {"busy_s": time.perf_counter() - t0, "load_s": t1 - t0, "restarted": restarted}
-        return rollout.samples, (replace(rollout, samples=[]), info)
+        return [ro.samples for ro in rollouts], ([replace(ro, samples=[]) for ro in rollouts], info)
+
+    def _shares(self, plan: int, indices: list[int], version: int, world: int) -> list:
+        """The plan's rollout in `world` shares, share r the prompts learner process r trains (the synchronous
+        generator's slice for process r of `world`), each with its behaviour log-probs where needed."""
+        if len(indices) % world:
+            raise RuntimeError(f"rollout worker {self.index}: plan {plan} has {len(indices)} prompts, not divisible "
+                               f"by the {world} learner processes")
+        out = []
+        for r in range(world):
+            self.generator.process_index, self.generator.prompts_per_process = r, len(indices) // world
+            self.generator.sampler.indices = list(indices)
+            out.append(self._with_behaviour(self.generator.sample(plan), version))
+        return out
 
     def _with_behaviour(self, ro, version: int):
         """The rollout with its behaviour log-probs where the adapter deferred them and they are needed: with
@@ -166,7 +180,6 @@ class RolloutWorker:
                 self._offered = None                                   # older than this plan's weights
         if version != self.version:
             self._load(version, _fetch(weights[0]))
-        self.generator.sampler.indices = list(indices)
         return time.perf_counter()
 
     def _behaviour_log_probs(self, rollout) -> torch.Tensor:
@@ -205,18 +218,27 @@ class RewardWorker:
     def ready(self) -> dict:
         return placement(self.index, "reward worker")
 
-    def score(self, samples: list):
-        """(scores [N, K], the reward set's metrics, {"busy_s", "restarted"}) of one plan's samples."""
+    def score(self, shares: list):
+        """([(scores [N, K], the reward set's metrics)] per share, {"busy_s", "restarted"}) of one plan's samples,
+        given as one list per learner process's share."""
         t0 = time.perf_counter()
         restarted, self.first_call = self.first_call and _reconstructed(), False
-        scores, metrics = self.rewards.score(samples)
-        return scores, metrics, {"busy_s": time.perf_counter() - t0, "restarted": restarted}
+        scored = [self.rewards.score(samples) for samples in shares]
+        return scored, {"busy_s": time.perf_counter() - t0, "restarted": restarted}
+
+
+_LAUNCH_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}
 
 
 def load_run_config(config_yaml: str, cwd: str, threads: int):
     """In a worker's process: the driver's working directory (relative paths in the config resolve against it,
     and on sys.path, for rewards given as files), torch's CPU threads (Ray sets OMP_NUM_THREADS to the actor's
-    CPUs; this is what torch uses), and the run's config loaded and checked again."""
+    CPUs; this is what torch uses), and the run's config loaded and checked again. A worker is one process of its
+    own: the variables of a torchrun launch (a learner of several processes), which its Ray processes inherit from
+    process 0, are dropped, or the worker's `Accelerator` would join the learner's rendezvous and wait forever."""
+    for key in [k for k in os.environ if k in _LAUNCH_VARIABLES or k.startswith("TORCHELASTIC_")]:
+        del os.environ[key]
     if os.path.isdir(cwd):
         os.chdir(cwd)
         if cwd not in sys.path:

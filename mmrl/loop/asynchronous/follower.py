@@ -1,0 +1,63 @@
+"""A learner of several processes (torchrun, DDP): process 0 drives the rollout workers, the others follow.
+
+`mmrl train` launched with torchrun and `asynchronous.enabled=true` runs the learner in every process, as the
+synchronous trainer does, and one controller (`mmrl.loop.asynchronous.controller.Controller`) on process 0, the only
+one that talks to Ray. Each plan is sampled in `world` shares: share r holds the prompts process r samples in a
+synchronous run of `world` processes (the same records, seeds and samples). Each step process 0 picks the plan
+the staleness rule keeps and scatters the shares over `torch.distributed` (`share_out`); every process then makes
+its own batch from its share (`batch_of`: the group filter and the advantages, whose collectives they join
+together), so a run with eta = 0 and one rollout worker trains what the synchronous run of as many processes
+trains. Weights are published by process 0 alone: under DDP every process holds the same ones.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from mmrl.distributed.reduce import Metric
+
+
+def _only_here(metrics: dict) -> dict:
+    """The controller's metrics as another process reports them: the same means, counts of 0 (they are summed)."""
+    return {k: Metric(0, "sum") if m.reduce == "sum" else m for k, m in metrics.items()}
+
+
+def share_out(plan: int, version: int, shares: list, metrics: dict) -> tuple:
+    """On process 0: send share r of the plan (with its version and the controller's metrics) to process r;
+    returns this process's share."""
+    if len(shares) == 1:
+        return shares[0]
+    sent = [(plan, version, share, metrics if r == 0 else _only_here(metrics)) for r, share in enumerate(shares)]
+    out = [None]
+    dist.scatter_object_list(out, sent, src=0)
+    return out[0][2]
+
+
+class Follower:
+    """The generator role of a learner process other than 0: it receives its share of each kept plan from process 0
+    and makes its batch (`batch_of`). Same interface as the `Generator` it wraps (`local`)."""
+
+    def __init__(self, local):
+        self.local, self.sampler, self.rewards, self.records = local, local.sampler, local.rewards, local.records
+        self.version = 0
+
+    def next_batch(self, step: int):
+        from mmrl.loop.asynchronous.controller import batch_of
+
+        out = [None]
+        dist.scatter_object_list(out, None, src=0)
+        plan, version, share, metrics = out[0]
+        return batch_of(self.local, plan, version, share, metrics, step)
+
+    def receive(self, version: int) -> None:
+        self.version = version
+
+    def state_dict(self) -> dict:
+        """Process 0 writes the run's state (its controller's); this one has none of its own."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Process 0's controller continues the plans; this process only follows."""
+
+    def close(self) -> None:
+        """Nothing to release: process 0 stops the workers."""
