@@ -123,8 +123,6 @@ def _check_combinations(cfg) -> None:
     refused = {
         "algo.filter.name": (algo.filter.name in RESAMPLING, f"{algo.filter.name} (its resampling rounds draw "
                              "prompts in order inside one step; use starpo or none)"),
-        "distributed.strategy": (cfg.distributed.strategy == "fsdp", "fsdp (publishing the weights would need "
-                                 "the shards gathered on every process after each update; use ddp)"),
         "policy.backend": (getattr(cfg.policy, "backend", "hf") == "vllm",
                            "vllm (each rollout worker would need its own engine and weight push; use hf)"),
     }

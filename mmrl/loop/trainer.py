@@ -218,11 +218,12 @@ def setup(cfg: Config) -> Run:
         from mmrl.loop.asynchronous.controller import start
         from mmrl.loop.asynchronous.follower import Follower
 
-        if acc.is_main_process:           # the weights the rollouts sample with: DiffusionNFT's old copy, else these
-            published = policy.old_parameters() if cfg.algo.objective == "nft" else params
-            generator = start(cfg, generator, published, world=world)
+        # the weights the rollouts sample with: DiffusionNFT's old copy, else the trained ones (FSDP2: shards)
+        published = policy.old_parameters() if cfg.algo.objective == "nft" else params
+        if acc.is_main_process:
+            generator = start(cfg, generator, published, world=world, sharded=fsdp)
         else:                             # process 0 sends this process its share of each step batch
-            generator = Follower(generator)
+            generator = Follower(generator, published, sharded=fsdp)
     evaluator = None
     if eval_records is not None:
         evaluator = Evaluator(policy=policy, rewards=rewards, records=eval_records[:cfg.eval.max_prompts],

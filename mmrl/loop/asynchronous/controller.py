@@ -29,6 +29,7 @@ import torch
 from mmrl.config.asynchronous import STALENESS, AsyncConfig
 from mmrl.distributed.reduce import maximum, mean, summed, weighted_mean
 from mmrl.errors import ConfigError
+from mmrl.loop.asynchronous.follower import FullWeights
 
 log = logging.getLogger("mmrl")
 
@@ -82,7 +83,8 @@ class Controller:
     local:        the driver's `mmrl.loop.collect.Generator`: its `PromptSampler` (what the synchronous trainer
                   draws from), its reward set (labels) and records; it samples nothing here.
     params:       the tensors the workers sample with, pushed after each update: the learner's trainable parameters,
-                  or DiffusionNFT's old copy of them (algo.objective=nft; a worker loads them as old = theta).
+                  or DiffusionNFT's old copy of them (algo.objective=nft; a worker loads them as old = theta);
+                  `sharded` (FSDP2): DTensors, gathered on every process (`follower.FullWeights`).
     scorers:      Ray actor handles of `RewardWorker` (asynchronous.reward_workers); empty: each rollout worker
                   scores its own samples. With reward workers a rollout worker is free as soon as it has sampled a
                   plan; plan p's samples go straight to reward worker p mod k (a call chained on their Ray ref when
@@ -96,7 +98,8 @@ class Controller:
     """
 
     def __init__(self, *, section: AsyncConfig, workers: list, local, params: list, prompts_per_step: int,
-                 group_size: int, max_steps: int, owns_ray: bool = False, scorers: list = (), world: int = 1):
+                 group_size: int, max_steps: int, owns_ray: bool = False, scorers: list = (), world: int = 1,
+                 sharded: bool = False):
         self.section, self.workers, self.sampler, self.params = section, workers, local.sampler, params
         self.local, self.scorers = local, list(scorers)
         self._scoring: dict = {}               # plan -> _Scoring (reward workers)
@@ -104,6 +107,7 @@ class Controller:
         self.rewards, self.records, self.owns_ray = local.rewards, local.records, owns_ray
         self.prompts_per_step, self.group_size, self.max_steps = prompts_per_step, group_size, max_steps
         self.world = world
+        self.full = FullWeights(params, keep=True) if sharded else None    # FSDP2: the shards gathered to publish
         self.rule = STALENESS.resolve(section.on_stale, "asynchronous.on_stale")
         self.version = 0
         self.next_plan = 0                     # the next plan to hand out
@@ -121,6 +125,8 @@ class Controller:
     # --- the generator interface of Run.fit ---------------------------------------------------------------
     def receive(self, version: int) -> None:
         self.version = version
+        if self.full is not None:
+            self.full.update(version)                 # every process gathers the new version's shards here
         if self.section.interrupt and self._running:
             ref = self._weights_ref()
             for running in self._running.values():   # served beside the running plan (the actor's second thread)
@@ -131,6 +137,8 @@ class Controller:
         from mmrl.loop.asynchronous.follower import share_out
 
         t0 = time.perf_counter()
+        if self.full is not None:
+            self.full.update(self.version)            # the first step's (after a resume: the loaded weights)
         dropped_groups = 0
         while True:
             self._hand_out()
@@ -208,7 +216,8 @@ class Controller:
 
         if self._weights is None or self._weights[0] != self.version:
             t0 = time.perf_counter()
-            tensors = [p.detach().to("cpu", copy=True) for p in self.params]
+            tensors = (self.full.tensors if self.full is not None
+                       else [p.detach().to("cpu", copy=True) for p in self.params])
             self._weights = (self.version, ray.put(tensors))
             self._sync_s += time.perf_counter() - t0
         return self._weights[1]
@@ -320,7 +329,7 @@ def batch_of(local, plan: int, version: int, share: tuple, metrics: dict, step: 
     return replace(batch, version=version, metrics={**batch.metrics, **metrics, **own})
 
 
-def start(cfg, local, params, world: int = 1) -> Controller:
+def start(cfg, local, params, world: int = 1, sharded: bool = False) -> Controller:
     """Ray up (this machine, or the cluster at asynchronous.address), the rollout workers built (each loads the
     config and builds its policy), checked against the cluster's resources first; on process 0 of a learner of
     `world` processes."""
@@ -384,4 +393,5 @@ def start(cfg, local, params, world: int = 1) -> Controller:
         print(f"mmrl: {p['role']} {p['worker']} on {where}, pid {p['pid']}", flush=True)
     return Controller(section=a, workers=workers, local=local, params=params,
                       prompts_per_step=cfg.train.prompts_per_step, group_size=cfg.train.group_size,
-                      max_steps=cfg.max_steps, owns_ray=owns_ray, scorers=scorers, world=world)
+                      max_steps=cfg.max_steps, owns_ray=owns_ray, scorers=scorers, world=world,
+                      sharded=sharded)

@@ -7,7 +7,9 @@ synchronous run of `world` processes (the same records, seeds and samples). Each
 the staleness rule keeps and scatters the shares over `torch.distributed` (`share_out`); every process then makes
 its own batch from its share (`batch_of`: the group filter and the advantages, whose collectives they join
 together), so a run with eta = 0 and one rollout worker trains what the synchronous run of as many processes
-trains. Weights are published by process 0 alone: under DDP every process holds the same ones.
+trains. Weights are published by process 0: under DDP every process holds the same ones; under FSDP2 each holds
+a shard, and every process gathers them, one parameter at a time, at the same two points (`FullWeights`: each new
+version's `receive`, and the first `next_batch`, after a resumed run loaded its checkpoint).
 """
 
 from __future__ import annotations
@@ -15,6 +17,24 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from mmrl.distributed.reduce import Metric
+
+
+class FullWeights:
+    """The whole tensors of a sharded learner's published weights (FSDP2 DTensors), gathered on every process, one
+    parameter at a time, when the version changed (`update`: a collective, so every process calls it at the same
+    points); kept, on the CPU, where `keep` (process 0, which puts them in Ray's object store)."""
+
+    def __init__(self, params: list, keep: bool):
+        self.params, self.keep = params, keep
+        self.version, self.tensors = -1, None
+
+    def update(self, version: int) -> None:
+        if version == self.version:
+            return
+        from mmrl.distributed.sharding import full
+
+        tensors = [full(p).detach().to("cpu", copy=True) for p in self.params]   # one whole parameter at a time
+        self.tensors, self.version = (tensors if self.keep else None), version
 
 
 def _only_here(metrics: dict) -> dict:
@@ -37,13 +57,16 @@ class Follower:
     """The generator role of a learner process other than 0: it receives its share of each kept plan from process 0
     and makes its batch (`batch_of`). Same interface as the `Generator` it wraps (`local`)."""
 
-    def __init__(self, local):
+    def __init__(self, local, params: list, sharded: bool):
         self.local, self.sampler, self.rewards, self.records = local, local.sampler, local.rewards, local.records
         self.version = 0
+        self.full = FullWeights(params, keep=False) if sharded else None   # FSDP2: this process joins the gathers
 
     def next_batch(self, step: int):
         from mmrl.loop.asynchronous.controller import batch_of
 
+        if self.full is not None:
+            self.full.update(self.version)
         out = [None]
         dist.scatter_object_list(out, None, src=0)
         plan, version, share, metrics = out[0]
@@ -51,6 +74,8 @@ class Follower:
 
     def receive(self, version: int) -> None:
         self.version = version
+        if self.full is not None:
+            self.full.update(version)
 
     def state_dict(self) -> dict:
         """Process 0 writes the run's state (its controller's); this one has none of its own."""
