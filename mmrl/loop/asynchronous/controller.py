@@ -8,7 +8,9 @@ for the step's batch (`next_batch(step)`), the learner updates on it, and the ge
                   sampling seeds from (run seed, p, position); with no batch discarded, plan p is trained at step p
     next_batch    hands plans to idle workers while the staleness rule allows (`mmrl.config.asynchronous`), then
                   waits for the oldest plan not yet trained; a batch the rule refuses is discarded and the next
-                  plan taken. Workers keep sampling while the learner updates: that overlap is the gain.
+                  plan taken. Workers keep sampling while the learner updates: that overlap is the gain. The
+                  workers return a plan sampled and scored; the learner's process (each, with several:
+                  `mmrl.loop.asynchronous.follower`) filters its groups and computes the advantages (`batch_of`).
     receive       records the learner's new version; its weights are put in Ray's object store once, when a plan
                   is next handed to a worker that holds an older version, or at once with asynchronous.interrupt,
                   when they are offered to every worker that is sampling (it loads them at its next action)
@@ -24,12 +26,10 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from mmrl.config.asynchronous import STALENESS, AsyncConfig
-from mmrl.distributed.reduce import maximum, mean, summed, weighted_mean
+from mmrl.distributed.reduce import mean, summed
 from mmrl.errors import ConfigError
-from mmrl.loop.asynchronous.follower import FullWeights
+from mmrl.loop.asynchronous.follower import FullWeights, batch_of, share_out
 
 log = logging.getLogger("mmrl")
 
@@ -134,8 +134,6 @@ class Controller:
 
     def next_batch(self, step: int):
         """The oldest kept plan's batch of this process (process 0); the other processes' shares are sent to them."""
-        from mmrl.loop.asynchronous.follower import share_out
-
         t0 = time.perf_counter()
         if self.full is not None:
             self.full.update(self.version)            # the first step's (after a resume: the loaded weights)
@@ -243,7 +241,7 @@ class Controller:
             return
         running = self._running.pop(ref)
         try:
-            batch, info = ray.get(ref)
+            result, info = ray.get(ref)                  # scored shares, or (reward workers) rollouts without samples
         except ray.exceptions.RayActorError as e:
             raise RuntimeError(f"async: rollout worker {running.worker} died sampling plan {running.plan} after "
                                f"asynchronous.max_restarts={self.section.max_restarts} restarts: {e}") from None
@@ -256,10 +254,10 @@ class Controller:
         self._idle.append(running.worker)
         self._idle.sort()
         if running.samples is None:
-            self._finished[running.plan] = _Sampled(batch, running.version, info)
+            self._finished[running.plan] = _Sampled(result, running.version, info)
             return
         job = self._scoring[running.plan]                 # sampled, not scored: its reward worker scores it
-        job.rollouts, job.info = batch, info
+        job.rollouts, job.info = result, info
         self._make_scored(job)
 
     def _scored(self, ref) -> None:
@@ -307,26 +305,6 @@ class Controller:
         }
         self._clock, self._sync_s = _Clock(window_start=now), 0.0
         return out
-
-
-def batch_of(local, plan: int, version: int, share: tuple, metrics: dict, step: int):
-    """A learner process's `StepBatch` of a plan from its share (rollout, scores, reward metrics): the group filter
-    and the advantages by its own generator (`Generator.next_batch`, whose collectives every process joins), the
-    plan's version, the controller's metrics, and the staleness of the actions it trains."""
-    batch = local.next_batch(plan, scored=share)
-    ro = batch.rollout
-    mask = ro.mask.bool()
-    age = (step - ro.versions)[mask].float() if ro.versions is not None and mask.any() else torch.zeros(0)
-    spans = 0.0                                                      # samples whose actions span versions
-    if ro.versions is not None and len(ro):
-        v, m = ro.versions.cpu(), mask.cpu()
-        spans = float((torch.where(m, v, -1).amax(1) > torch.where(m, v, 1 << 62).amin(1)).float().mean())
-    own = {
-        "async/staleness/mean": weighted_mean(float(age.mean()) if age.numel() else 0.0, age.numel()),
-        "async/staleness/max": maximum(float(age.max()) if age.numel() else 0.0),
-        "async/interrupted_frac": weighted_mean(spans, len(ro)),
-    }
-    return replace(batch, version=version, metrics={**batch.metrics, **metrics, **own})
 
 
 def start(cfg, local, params, world: int = 1, sharded: bool = False) -> Controller:

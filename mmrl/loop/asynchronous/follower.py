@@ -14,9 +14,12 @@ version's `receive`, and the first `next_batch`, after a resumed run loaded its 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import torch
 import torch.distributed as dist
 
-from mmrl.distributed.reduce import Metric
+from mmrl.distributed.reduce import Metric, maximum, weighted_mean
 
 
 class FullWeights:
@@ -53,6 +56,26 @@ def share_out(plan: int, version: int, shares: list, metrics: dict) -> tuple:
     return out[0][2]
 
 
+def batch_of(local, plan: int, version: int, share: tuple, metrics: dict, step: int):
+    """A learner process's `StepBatch` of a plan from its share (rollout, scores, reward metrics): the group filter
+    and the advantages by its own generator (`Generator.next_batch`, whose collectives every process joins), the
+    plan's version, the controller's metrics, and the staleness of the actions it trains."""
+    batch = local.next_batch(plan, scored=share)
+    ro = batch.rollout
+    mask = ro.mask.bool()
+    age = (step - ro.versions)[mask].float() if ro.versions is not None and mask.any() else torch.zeros(0)
+    spans = 0.0                                                      # samples whose actions span versions
+    if ro.versions is not None and len(ro):
+        v, m = ro.versions.cpu(), mask.cpu()
+        spans = float((torch.where(m, v, -1).amax(1) > torch.where(m, v, 1 << 62).amin(1)).float().mean())
+    own = {
+        "async/staleness/mean": weighted_mean(float(age.mean()) if age.numel() else 0.0, age.numel()),
+        "async/staleness/max": maximum(float(age.max()) if age.numel() else 0.0),
+        "async/interrupted_frac": weighted_mean(spans, len(ro)),
+    }
+    return replace(batch, version=version, metrics={**batch.metrics, **metrics, **own})
+
+
 class Follower:
     """The generator role of a learner process other than 0: it receives its share of each kept plan from process 0
     and makes its batch (`batch_of`). Same interface as the `Generator` it wraps (`local`)."""
@@ -63,8 +86,6 @@ class Follower:
         self.full = FullWeights(params, keep=False) if sharded else None   # FSDP2: this process joins the gathers
 
     def next_batch(self, step: int):
-        from mmrl.loop.asynchronous.controller import batch_of
-
         if self.full is not None:
             self.full.update(self.version)
         out = [None]
