@@ -1,4 +1,4 @@
-"""A learner of several processes (torchrun, DDP): process 0 drives the rollout workers, the others follow.
+"""A learner of several processes (torchrun; DDP or FSDP2): process 0 drives the rollout workers, the others follow.
 
 `mmrl train` launched with torchrun and `asynchronous.enabled=true` runs the learner in every process, as the
 synchronous trainer does, and one controller (`mmrl.loop.asynchronous.controller.Controller`) on process 0, the only
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from mmrl.distributed.reduce import Metric, maximum, weighted_mean
+from mmrl.distributed.sharding import full
 
 
 class FullWeights:
@@ -34,8 +35,6 @@ class FullWeights:
     def update(self, version: int) -> None:
         if version == self.version:
             return
-        from mmrl.distributed.sharding import full
-
         tensors = [full(p).detach().to("cpu", copy=True) for p in self.params]   # one whole parameter at a time
         self.tensors, self.version = (tensors if self.keep else None), version
 
@@ -89,7 +88,12 @@ class Follower:
         if self.full is not None:
             self.full.update(self.version)
         out = [None]
-        dist.scatter_object_list(out, None, src=0)
+        try:
+            dist.scatter_object_list(out, None, src=0)
+        except RuntimeError as e:      # a timeout of the process group, or process 0 gone
+            raise RuntimeError(f"async: process {dist.get_rank()} received no share of step {step} from process 0 "
+                               f"(version {self.version}); process 0 waits up to asynchronous.timeout_s for its "
+                               f"rollout workers, see its log: {e}") from e
         plan, version, share, metrics = out[0]
         return batch_of(self.local, plan, version, share, metrics, step)
 
