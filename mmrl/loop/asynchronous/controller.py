@@ -126,7 +126,9 @@ class Controller:
     def receive(self, version: int) -> None:
         self.version = version
         if self.full is not None:
+            t0 = time.perf_counter()
             self.full.update(version)                 # every process gathers the new version's shards here
+            self._sync_s += time.perf_counter() - t0
         if self.section.interrupt and self._running:
             ref = self._weights_ref()
             for running in self._running.values():   # served beside the running plan (the actor's second thread)
