@@ -1,7 +1,8 @@
 """Interruptible rollouts (asynchronous.interrupt): a rollout worker, built in process, is offered newer weights
 while it samples a plan; the reply (VLM, an agent's) or the trajectory (text-to-image) stops at the next action
-boundary and goes on under the new weights, and an agent's next turn starts with them. Per action: the version that produced it, and a behaviour log-prob equal to that
-version's own (the forward training uses, under each part's weights)."""
+boundary and goes on under the new weights, and an agent's next turn starts with them. Per action: the version
+that produced it, and a behaviour log-prob equal to that version's own (the forward training uses, under each part's
+weights)."""
 
 from __future__ import annotations
 

@@ -78,8 +78,8 @@ class RolloutWorker:
         self.rewards = build_rewards(cfg)[0] if scores else None       # else reward workers score (`sample`)
         records, _ = run_records(cfg)
         self.samples_per_microbatch = cfg.train.samples_per_microbatch
-        self.generator = Generator(policy=self.policy, rewards=self.rewards, records=records, sampler=PlannedPrompts(),
-                                   seed=cfg.seed, train=cfg.train, algo=cfg.algo, episodes=cfg.env is not None,
+        self.generator = Generator(policy=self.policy, rewards=self.rewards, records=records,
+                                   sampler=PlannedPrompts(), seed=cfg.seed, train=cfg.train, algo=cfg.algo, episodes=cfg.env is not None,
                                    process_index=0, prompts_per_process=cfg.train.prompts_per_step)
         self.version = -1                                              # no weights loaded yet
         self.first_call = True
