@@ -62,6 +62,7 @@ class _Scoring:
     version: int
     samples: object                  # Ray ref of the samples, one list per share (the rollout worker's first return)
     scorer: int                      # the reward worker scoring it
+    worker: int                      # the rollout worker sampling it
     rollouts: list | None = None     # each share's rollout without its samples, once its worker returned
     info: dict | None = None
     scored: list | None = None       # [(scores, metrics)] per share, once the reward worker returned
@@ -206,7 +207,7 @@ class Controller:
             samples, ref = self.workers[worker].sample.options(num_returns=2).remote(*args)
             scorer = plan % len(self.scorers)  # an actor runs its calls in order: the oldest plan's scores first
             self._score_calls[self.scorers[scorer].score.remote(samples)] = plan
-            self._scoring[plan] = _Scoring(plan, self.version, samples, scorer)
+            self._scoring[plan] = _Scoring(plan, self.version, samples, scorer, worker)
         else:
             samples, ref = None, self.workers[worker].generate.remote(*args)
         self._running[ref] = _Running(worker, plan, time.perf_counter(), self.version, samples)
@@ -268,10 +269,11 @@ class Controller:
 
         job = self._scoring[self._score_calls.pop(ref)]
         try:
-            scored, info = ray.get(ref)
-        except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"async: reward worker {job.scorer} died scoring plan {job.plan} after "
-                               f"asynchronous.max_restarts={self.section.max_restarts} restarts: {e}") from None
+            scored, info = ray.get(ref)                   # done (ray.wait returned it)
+        except ray.exceptions.RayError as e:              # the reward worker died, or the samples it waited for
+            raise RuntimeError(f"async: reward worker {job.scorer} could not score plan {job.plan} (sampled by "
+                               f"rollout worker {job.worker}; asynchronous.max_restarts={self.section.max_restarts}): "
+                               f"{e}") from None
         if info.get("restarted"):
             self.restarts += 1
             log.warning("async: reward worker %d was restarted; plan %d was scored again", job.scorer, job.plan)
@@ -285,8 +287,13 @@ class Controller:
         if job.rollouts is None or job.scored is None:
             return
         del self._scoring[job.plan]
-        shares = [(replace(ro, samples=samples), scores, metrics)
-                  for ro, samples, (scores, metrics) in zip(job.rollouts, ray.get(job.samples), job.scored)]
+        try:                                              # the first return of a call whose second one arrived
+            samples = ray.get(job.samples, timeout=self.section.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"async: the samples of plan {job.plan} from rollout worker {job.worker} did not "
+                               f"arrive within asynchronous.timeout_s={self.section.timeout_s} s") from None
+        shares = [(replace(ro, samples=s), scores, metrics)
+                  for ro, s, (scores, metrics) in zip(job.rollouts, samples, job.scored)]
         self._finished[job.plan] = _Sampled(shares, job.version, job.info)
 
     # --- metrics -------------------------------------------------------------------------------------------

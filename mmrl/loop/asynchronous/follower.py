@@ -35,7 +35,12 @@ class FullWeights:
     def update(self, version: int) -> None:
         if version == self.version:
             return
-        tensors = [full(p).detach().to("cpu", copy=True) for p in self.params]   # one whole parameter at a time
+        tensors = []
+        for p in self.params:                       # one whole parameter at a time; the others only join the gather
+            whole = full(p)
+            if self.keep:
+                tensors.append(whole.detach().to("cpu", copy=True))
+            del whole
         self.tensors, self.version = (tensors if self.keep else None), version
 
 

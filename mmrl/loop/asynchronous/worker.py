@@ -69,6 +69,7 @@ class RolloutWorker:
 
         cfg = load_run_config(config_yaml, cwd, threads)
         self.index, self.behaviour = index, behaviour
+        self.timeout_s = cfg.asynchronous.timeout_s
         self.nft = cfg.algo.objective == "nft"    # DiffusionNFT: no per-action log-probs; samples with its old copy
         self.accelerator = Accelerator(cpu=cfg.cpu or not torch.cuda.is_available(),
                                        mixed_precision={"fp32": "no"}.get(cfg.precision, cfg.precision))
@@ -79,7 +80,8 @@ class RolloutWorker:
         records, _ = run_records(cfg)
         self.samples_per_microbatch = cfg.train.samples_per_microbatch
         self.generator = Generator(policy=self.policy, rewards=self.rewards, records=records,
-                                   sampler=PlannedPrompts(), seed=cfg.seed, train=cfg.train, algo=cfg.algo, episodes=cfg.env is not None,
+                                   sampler=PlannedPrompts(), seed=cfg.seed, train=cfg.train, algo=cfg.algo,
+                                   episodes=cfg.env is not None,
                                    process_index=0, prompts_per_process=cfg.train.prompts_per_step)
         self.version = -1                                              # no weights loaded yet
         self.first_call = True
@@ -97,6 +99,19 @@ class RolloutWorker:
     def ready(self) -> dict:
         """Where this worker runs: its index, Ray node id and ip, process id."""
         return placement(self.index)
+
+    def _fetch(self, version: int, weights) -> list:
+        """The tensors of a version: a Ray object ref is fetched from the object store (within
+        asynchronous.timeout_s); tensors pass as they are."""
+        if isinstance(weights, (list, tuple)):
+            return weights
+        import ray
+
+        try:
+            return ray.get(weights, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"rollout worker {self.index}: the weights of version {version} did not arrive from "
+                               f"the object store within asynchronous.timeout_s={self.timeout_s} s") from None
 
     def _load(self, version: int, weights: list) -> None:
         if len(weights) != len(self.params):
@@ -126,7 +141,7 @@ class RolloutWorker:
         loaded now."""
         offered = self._offered
         if offered is not None and offered[0] > self.version:
-            self._load(offered[0], _fetch(offered[1][0]))
+            self._load(offered[0], self._fetch(offered[0], offered[1][0]))
         return self.version
 
     def generate(self, plan: int, indices: list[int], version: int, weights: list, world: int = 1):
@@ -179,7 +194,7 @@ class RolloutWorker:
             if self._offered is not None and self._offered[0] <= version:
                 self._offered = None                                   # older than this plan's weights
         if version != self.version:
-            self._load(version, _fetch(weights[0]))
+            self._load(version, self._fetch(version, weights[0]))
         return time.perf_counter()
 
     def _behaviour_log_probs(self, rollout) -> torch.Tensor:
@@ -263,13 +278,6 @@ def placement(index: int, role: str = "rollout worker") -> dict:
             "pid": os.getpid()}
 
 
-def _fetch(weights):
-    """The tensors of a version: a Ray object ref is fetched from the object store; tensors pass as they are."""
-    if isinstance(weights, (list, tuple)):
-        return weights
-    import ray
-
-    return ray.get(weights)
 
 
 def _reconstructed() -> bool:
