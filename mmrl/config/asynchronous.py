@@ -51,6 +51,7 @@ class AsyncConfig:
     on_stale: str = "pace"                 # pace (start no plan that would break the bound) | drop (discard stale batches)
     timeout_s: float = 600.0               # longest wait for a rollout worker's batch before the run stops with an error
     interrupt: bool = False                # interruptible rollouts: running samples take newer weights at the next token / denoising step
+    weight_sync: str = "object_store"      # how workers get each version: object_store (Ray) | gloo | nccl (a torch.distributed group per worker)
     max_restarts: int = 3                  # a rollout worker that dies (killed, OOM, a crash) is restarted by Ray this many times; its plan is sampled again from its seeds
 
 
@@ -66,6 +67,7 @@ class StalenessRule:
 
     start: Callable[[int, int, int, int], bool]
     keep: Callable[[int, int, int], bool]
+    doc: str = ""                            # its line in `--help` and the docs
 
 
 STALENESS: Registry = Registry("staleness rule")
@@ -78,11 +80,13 @@ def _within(batch_version: int, step: int, eta: int) -> bool:
 STALENESS.register("pace")(StalenessRule(
     start=lambda plan, version, eta, queued: plan <= version + eta,
     keep=_within,
+    doc="start plan p only once the learner has reached version p - eta: nothing is discarded, generators may wait",
 ))
 # drop: a free generator always starts the next plan (at most one finished batch queued per worker)
 STALENESS.register("drop")(StalenessRule(
     start=lambda plan, version, eta, queued: True,
     keep=_within,
+    doc="start a plan whenever a worker is free; a batch older than eta when its turn comes is discarded whole",
 ))
 
 
@@ -109,6 +113,16 @@ def check(cfg) -> None:
         STALENESS.check(a.on_stale, "asynchronous.on_stale")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    from mmrl.distributed.weight_sync import WEIGHT_SYNC
+
+    try:
+        sync = WEIGHT_SYNC.resolve(a.weight_sync, "asynchronous.weight_sync")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if sync.needs_gpus and (cfg.cpu or a.gpus_per_worker <= 0):
+        raise ConfigError(f"config key 'asynchronous.weight_sync' is {a.weight_sync}, which sends CUDA tensors from the "
+                          f"learner's GPU to each rollout worker's: it needs cpu=false and asynchronous.gpus_per_worker "
+                          f"> 0 (got cpu={cfg.cpu}, gpus_per_worker={a.gpus_per_worker}); use gloo or object_store")
     if a.address not in (None, "auto") and ":" not in str(a.address):
         raise ConfigError(f"config key 'asynchronous.address' must be null (a cluster on this machine), auto "
                           f"(the cluster `ray start` runs here) or host:port, got {a.address!r}")

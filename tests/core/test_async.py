@@ -243,24 +243,33 @@ def test_a_resumed_run_that_discarded_plans_trains_to_its_last_step(ray_cluster,
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("reward_workers", [0, 1], ids=["rollout_worker", "reward_worker"])
-def test_a_killed_worker_is_restarted_and_its_plan_sampled_again(ray_cluster, tmp_path, train_rows, reward_workers):
+@pytest.mark.parametrize("reward_workers, weight_sync", [(0, "object_store"), (1, "object_store"), (0, "gloo")],
+                         ids=["rollout_worker", "reward_worker", "rollout_worker_gloo"])
+def test_a_killed_worker_is_restarted_and_its_plan_sampled_again(ray_cluster, tmp_path, train_rows, reward_workers,
+                                                                 weight_sync, monkeypatch):
     """The worker that scores SIGKILLs itself while scoring plan 2 (tests/core/dying_reward.py): the rollout worker,
     or with asynchronous.reward_workers=1 the reward worker. Ray restarts it and sends the plan again, so the run
     trains every plan exactly once: the same rows and samples as the synchronous run (a reward worker pool with
-    eta = 0 trains what the synchronous trainer trains)."""
+    eta = 0 trains what the synchronous trainer trains). With asynchronous.weight_sync=gloo the weights of every
+    version come over the worker's own process group, and the rebuilt worker joins a new one."""
+    from mmrl.distributed.weight_sync import PairPublisher
+
+    publishers, build = [], PairPublisher.__init__
+    monkeypatch.setattr(PairPublisher, "__init__", lambda self, *a, **k: publishers.append(self) or build(self, *a, **k))
     marker = tmp_path / "died"
     reward = (f"rewards=[{{name: '{os.path.join(REPO, 'tests', 'core', 'dying_reward.py')}:match_or_die', "
               f"label: match, marker: '{marker}', driver_pid: {os.getpid()}, die_on_call: 3}}]")
     common = ("max_steps=5", "eval.every=0", "logging.save_samples_every=1", reward)
     sync = _train(BANDIT, tmp_path / "sync", *common)
     run = _train(BANDIT, tmp_path / "async", *common, "asynchronous.enabled=true",
-                 f"asynchronous.reward_workers={reward_workers}")
+                 f"asynchronous.reward_workers={reward_workers}", f"asynchronous.weight_sync={weight_sync}")
     assert marker.exists()                                      # the worker did die
     assert _rows(run) == _rows(sync)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "versions"} for r in rows]   # noqa: E731
     assert [strip(rows) for rows in _samples(run).values()] == [strip(rows) for rows in _samples(sync).values()]
     assert train_rows(run)[-1]["async/worker_restarts"] == 1
+    # over gloo: the learner served the worker's pair and the rebuilt worker's new one
+    assert [p.pairs for p in publishers] == ([2] if weight_sync == "gloo" else [])
 
 
 def _latest_step(run_dir) -> int:
@@ -302,7 +311,8 @@ def test_a_learner_of_two_processes_trains_what_the_synchronous_two_process_run_
     """torchrun with 2 processes, eta = 0, one rollout worker: the worker samples each plan in 2 shares, process 0
     scatters them, each process filters and trains its own; rows (reduced over processes), process 0's samples and
     the final weights equal the synchronous 2-process run's, bit for bit. Under FSDP2 the published weights are the
-    shards gathered on both processes after each update."""
+    shards gathered on both processes after each update, sent to the worker over its own gloo group
+    (asynchronous.weight_sync=gloo), beside the learner's process group."""
     path = os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml")
     common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0",
               "logging.progress=false", f"distributed.strategy={strategy}")
@@ -313,7 +323,9 @@ def test_a_learner_of_two_processes_trains_what_the_synchronous_two_process_run_
                  str(free_port()), "-m", "mmrl", "train", path, f"output_dir={out}", *common, *extra], env)
 
     sync, run = tmp_path / "sync", tmp_path / "async"
-    run_side_by_side([launched(sync), launched(run, "asynchronous.enabled=true")], timeout=900)
+    sync_kind = "gloo" if strategy == "fsdp" else "object_store"
+    run_side_by_side([launched(sync), launched(run, "asynchronous.enabled=true", f"asynchronous.weight_sync={sync_kind}")],
+                     timeout=900)
     assert _rows(run) == _rows(sync) and len(_rows(run)) == 3
     assert _samples(run) == _samples(sync)
     if strategy == "fsdp":                  # a sharded checkpoint: the weights as `mmrl export` writes them

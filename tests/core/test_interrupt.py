@@ -16,12 +16,12 @@ from tests import REPO
 pytest.importorskip("ray")
 
 
-def _worker(config: str, *overrides: str):
+def _worker(config: str, *overrides: str, weights: tuple = ("object_store", ())):
     from mmrl.config import load_config, to_yaml
     from mmrl.loop.asynchronous.worker import RolloutWorker
 
     cfg = load_config(os.path.join(REPO, "configs", "tiny", f"{config}.yaml"), ["output_dir=/tmp/unused", *overrides])
-    return RolloutWorker(to_yaml(cfg), 0, cwd=REPO, behaviour=True, threads=1, interrupt=True), cfg
+    return RolloutWorker(to_yaml(cfg), 0, cwd=REPO, behaviour=True, threads=1, interrupt=True, weights=weights), cfg
 
 
 def _sampled(worker, plan: list, weights: list):
@@ -87,6 +87,33 @@ def test_an_interrupted_vlm_reply_has_each_parts_behaviour_log_probs(share):
     expected = _per_version_log_probs(worker, ro, {0: v0, 1: v1})
     assert torch.equal(ro.log_probs[mask], expected[mask])            # each part's own weights, to the bit
     assert not torch.equal(ro.log_probs[mask], _per_version_log_probs(worker, ro, {0: v0, 1: v0})[mask])
+
+
+def test_an_interrupted_reply_over_gloo_equals_the_one_given_the_tensors():
+    """The worker's weights over its own gloo group (asynchronous.weight_sync=gloo): the plan's version when it
+    starts, the offered one at the 5th boundary; the handles are only versions. The reply, its versions and its
+    behaviour log-probs are the ones of the worker handed the tensors themselves, bit for bit."""
+    from mmrl.distributed.weight_sync import WEIGHT_SYNC
+
+    direct, cfg = _worker("vlm_tiny")
+    v0, v1 = _two_versions(direct)
+    plan = list(range(cfg.train.prompts_per_step))
+    _offer_at(direct, 5, 1, v1)
+    expected = _sampled(direct, plan, v0)
+    publisher = WEIGHT_SYNC.resolve("gloo").publisher(30.0)
+    try:
+        worker, _ = _worker("vlm_tiny", weights=("gloo", publisher.receiver_args()))
+        for version, tensors in ((0, v0), (1, v1)):
+            assert publisher.handle(version, lambda t=tensors: t) == version
+        _offer_at(worker, 5, 1, 1)                      # offer(1, [1]): the handle, not the tensors
+        (share,), _ = worker.generate(0, plan, 0, [0])
+        ro = share[0]
+        assert worker.receiver.pair == 1 and worker.version == 1
+        assert [s.meta["completion_ids"] for s in ro.samples] == [s.meta["completion_ids"] for s in expected.samples]
+        assert torch.equal(ro.versions, expected.versions) and set(ro.versions[ro.mask.bool()].tolist()) == {0, 1}
+        assert torch.equal(ro.log_probs, expected.log_probs)
+    finally:
+        publisher.close()
 
 
 def _continued(worker, cfg, plan: list, weights: list, first: list, k: int) -> list:

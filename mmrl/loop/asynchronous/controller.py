@@ -11,9 +11,10 @@ for the step's batch (`next_batch(step)`), the learner updates on it, and the ge
                   plan taken. Workers keep sampling while the learner updates: that overlap is the gain. The
                   workers return a plan sampled and scored; the learner's process (each, with several:
                   `mmrl.loop.asynchronous.follower`) filters its groups and computes the advantages (`batch_of`).
-    receive       records the learner's new version; its weights are put in Ray's object store once, when a plan
-                  is next handed to a worker that holds an older version, or at once with asynchronous.interrupt,
-                  when they are offered to every worker that is sampling (it loads them at its next action)
+    receive       records the learner's new version; its weights are published once (`asynchronous.weight_sync`:
+                  Ray's object store, or a torch.distributed group per worker), when a plan is next handed to a
+                  worker that holds an older version, or at once with asynchronous.interrupt, when they are offered
+                  to every worker that is sampling (it loads them at its next action)
 
 Checkpoints hold the sampler's state before the oldest plan not yet trained (and that plan's number), so a resumed
 run samples the unfinished plans again from their seeds.
@@ -100,7 +101,7 @@ class Controller:
 
     def __init__(self, *, section: AsyncConfig, workers: list, local, params: list, prompts_per_step: int,
                  group_size: int, max_steps: int, owns_ray: bool = False, scorers: list = (), world: int = 1,
-                 sharded: bool = False):
+                 sharded: bool = False, publisher=None, device: str = "cpu"):
         self.section, self.workers, self.sampler, self.params = section, workers, local.sampler, params
         self.local, self.scorers = local, list(scorers)
         self._scoring: dict = {}               # plan -> _Scoring (reward workers)
@@ -108,7 +109,13 @@ class Controller:
         self.rewards, self.records, self.owns_ray = local.rewards, local.records, owns_ray
         self.prompts_per_step, self.group_size, self.max_steps = prompts_per_step, group_size, max_steps
         self.world = world
-        self.full = FullWeights(params, keep=True) if sharded else None    # FSDP2: the shards gathered to publish
+        self.full = FullWeights(params, keep=True, device=device) if sharded else None   # FSDP2: shards gathered
+        self.device = device                   # where published tensors are kept: "cpu", or "learner" (the params')
+        if publisher is None:
+            from mmrl.distributed.weight_sync import WEIGHT_SYNC
+
+            publisher = WEIGHT_SYNC.resolve("object_store").publisher(section.timeout_s)
+        self.publisher = publisher             # asynchronous.weight_sync's learner side
         self.rule = STALENESS.resolve(section.on_stale, "asynchronous.on_stale")
         self.version = 0
         self.next_plan = 0                     # the next plan to hand out
@@ -118,7 +125,6 @@ class Controller:
         self._running: dict = {}               # Ray object ref -> _Running
         self._finished: dict[int, _Sampled] = {}   # plan -> its sampled and scored shares
         self._idle = list(range(len(workers)))
-        self._weights: tuple[int, object] | None = None   # (version, object ref) last put
         self.restarts = 0                      # workers Ray restarted (their plans sampled or scored again)
         self._clock = _Clock()
         self._sync_s = 0.0
@@ -131,7 +137,7 @@ class Controller:
             self.full.update(version)                 # every process gathers the new version's shards here
             self._sync_s += time.perf_counter() - t0
         if self.section.interrupt and self._running:
-            ref = self._weights_ref()
+            ref = self._weights_handle()
             for running in self._running.values():   # served beside the running plan (the actor's second thread)
                 self.workers[running.worker].offer.options(concurrency_group="offers").remote(version, [ref])
 
@@ -181,6 +187,7 @@ class Controller:
         for w in [*self.workers, *self.scorers]:
             ray.kill(w)
         self.workers, self.scorers = [], []
+        self.publisher.close()
         if self.owns_ray:
             ray.shutdown()
 
@@ -202,7 +209,7 @@ class Controller:
         self._snapshots[plan] = self.sampler.state_dict()
         indices = self.sampler.take(self.prompts_per_step)
         # the ref travels in a list, so the worker fetches the tensors only when it lacks this version
-        args = (plan, indices, self.version, [self._weights_ref()], self.world)
+        args = (plan, indices, self.version, [self._weights_handle()], self.world)
         if self.scorers:                       # (samples, (rollout without them, info)): scored elsewhere
             samples, ref = self.workers[worker].sample.options(num_returns=2).remote(*args)
             scorer = plan % len(self.scorers)  # an actor runs its calls in order: the oldest plan's scores first
@@ -212,16 +219,19 @@ class Controller:
             samples, ref = None, self.workers[worker].generate.remote(*args)
         self._running[ref] = _Running(worker, plan, time.perf_counter(), self.version, samples)
 
-    def _weights_ref(self):
-        import ray
+    def _weights_handle(self):
+        """The current version's handle for a worker's call (its tensors published on first use)."""
+        t0 = time.perf_counter()
+        self.publisher.keep({r.version for r in self._running.values()} | {self.version, self.version - 1})
+        handle = self.publisher.handle(self.version, self._tensors)
+        self._sync_s += time.perf_counter() - t0
+        return handle
 
-        if self._weights is None or self._weights[0] != self.version:
-            t0 = time.perf_counter()
-            tensors = (self.full.tensors if self.full is not None
-                       else [p.detach().to("cpu", copy=True) for p in self.params])
-            self._weights = (self.version, ray.put(tensors))
-            self._sync_s += time.perf_counter() - t0
-        return self._weights[1]
+    def _tensors(self) -> list:
+        """A copy of the current version's tensors (the learner goes on updating its own), where they are kept."""
+        if self.full is not None:
+            return self.full.tensors
+        return [p.detach().to("cpu", copy=True) if self.device == "cpu" else p.detach().clone() for p in self.params]
 
     def _wait_for(self, plan: int) -> None:
         """Block until a running plan, or a plan's scoring, finishes (any: workers are freed as they finish)."""
@@ -361,8 +371,13 @@ def start(cfg, local, params, world: int = 1, sharded: bool = False) -> Controll
                     "algo.objective=decoupled anchors the clip at the current weights and weights each action by "
                     "pi_prox / pi_behav (AReaL, arXiv 2505.24298)", a.max_staleness)
     scores = a.reward_workers == 0                         # else the reward workers score
+    from mmrl.distributed.weight_sync import WEIGHT_SYNC
+
+    sync = WEIGHT_SYNC.resolve(a.weight_sync, "asynchronous.weight_sync")
+    publisher = sync.publisher(a.timeout_s)                # the learner's side, before the workers that join it
+    weights = (a.weight_sync, publisher.receiver_args())
     workers = [actor.remote(text, i, cwd=os.getcwd(), behaviour=behaviour, threads=threads, interrupt=a.interrupt,
-                            scores=scores) for i in range(a.rollout_workers)]
+                            scores=scores, weights=weights) for i in range(a.rollout_workers)]
     # a reward worker that dies is rebuilt likewise, and the plan it was scoring scored again
     scorer = ray.remote(num_cpus=a.cpus_per_reward_worker, num_gpus=a.gpus_per_reward_worker,
                         max_restarts=a.max_restarts, max_task_retries=a.max_restarts)(RewardWorker)
@@ -381,4 +396,4 @@ def start(cfg, local, params, world: int = 1, sharded: bool = False) -> Controll
     return Controller(section=a, workers=workers, local=local, params=params,
                       prompts_per_step=cfg.train.prompts_per_step, group_size=cfg.train.group_size,
                       max_steps=cfg.max_steps, owns_ray=owns_ray, scorers=scorers, world=world,
-                      sharded=sharded)
+                      sharded=sharded, publisher=publisher, device=sync.device)

@@ -26,10 +26,11 @@ from mmrl.distributed.sharding import full
 class FullWeights:
     """The whole tensors of a sharded learner's published weights (FSDP2 DTensors), gathered on every process, one
     parameter at a time, when the version changed (`update`: a collective, so every process calls it at the same
-    points); kept, on the CPU, where `keep` (process 0, which puts them in Ray's object store)."""
+    points); kept where `keep` (process 0, which publishes them), on the CPU or, with `device="learner"`
+    (asynchronous.weight_sync=nccl), on the learner's device."""
 
-    def __init__(self, params: list, keep: bool):
-        self.params, self.keep = params, keep
+    def __init__(self, params: list, keep: bool, device: str = "cpu"):
+        self.params, self.keep, self.device = params, keep, device
         self.version, self.tensors = -1, None
 
     def update(self, version: int) -> None:
@@ -39,7 +40,7 @@ class FullWeights:
         for p in self.params:                       # one whole parameter at a time; the others only join the gather
             whole = full(p)
             if self.keep:
-                tensors.append(whole.detach().to("cpu", copy=True))
+                tensors.append(whole.detach().to("cpu", copy=True) if self.device == "cpu" else whole.detach().clone())
             del whole
         self.tensors, self.version = (tensors if self.keep else None), version
 

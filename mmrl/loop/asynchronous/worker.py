@@ -56,13 +56,15 @@ class RolloutWorker:
     threads:      torch CPU threads (Ray sets OMP_NUM_THREADS to the actor's CPUs; this is what torch uses).
     interrupt:    interruptible rollouts (asynchronous.interrupt): the policy calls `check` between actions.
     scores:       build the reward set and score in `generate`; False with reward workers (only `sample`).
+    weights:      (asynchronous.weight_sync, the learner's `Publisher.receiver_args()`): how versions arrive.
     """
 
     def __init__(self, config_yaml: str, index: int, *, cwd: str, behaviour: bool, threads: int,
-                 interrupt: bool = False, scores: bool = True):
+                 interrupt: bool = False, scores: bool = True, weights: tuple = ("object_store", ())):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
+        from mmrl.distributed.weight_sync import WEIGHT_SYNC
         from mmrl.errors import ConfigError
         from mmrl.loop.collect import Generator
         from mmrl.loop.build import build_policy_for_run, build_rewards, run_records
@@ -70,6 +72,8 @@ class RolloutWorker:
         cfg = load_run_config(config_yaml, cwd, threads)
         self.index, self.behaviour = index, behaviour
         self.timeout_s = cfg.asynchronous.timeout_s
+        self.receiver = WEIGHT_SYNC.resolve(weights[0], "asynchronous.weight_sync").receiver(
+            *weights[1], worker=index, timeout_s=self.timeout_s)
         self.nft = cfg.algo.objective == "nft"    # DiffusionNFT: no per-action log-probs; samples with its old copy
         self.accelerator = Accelerator(cpu=cfg.cpu or not torch.cuda.is_available(),
                                        mixed_precision={"fp32": "no"}.get(cfg.precision, cfg.precision))
@@ -100,18 +104,9 @@ class RolloutWorker:
         """Where this worker runs: its index, Ray node id and ip, process id."""
         return placement(self.index)
 
-    def _fetch(self, version: int, weights) -> list:
-        """The tensors of a version: a Ray object ref is fetched from the object store (within
-        asynchronous.timeout_s); tensors pass as they are."""
-        if isinstance(weights, (list, tuple)):
-            return weights
-        import ray
-
-        try:
-            return ray.get(weights, timeout=self.timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"rollout worker {self.index}: the weights of version {version} did not arrive from "
-                               f"the object store within asynchronous.timeout_s={self.timeout_s} s") from None
+    def _fetch(self, version: int, handle) -> list:
+        """The tensors of a version from its handle (asynchronous.weight_sync; tensors pass as they are)."""
+        return self.receiver.fetch(version, handle, self.params)
 
     def _load(self, version: int, weights: list) -> None:
         if len(weights) != len(self.params):
@@ -130,7 +125,7 @@ class RolloutWorker:
         self.generator.receive(version)
 
     def offer(self, version: int, weights: list) -> None:
-        """Newer weights for the plan being sampled (`weights[0]`: a Ray object ref, or the tensors), loaded at the
+        """Newer weights for the plan being sampled (`weights[0]`: their handle, or the tensors), loaded at the
         policy's next action boundary (`check`); an offer no newer than what the worker holds is ignored."""
         with self._offers:
             if self._offered is None or version > self._offered[0]:
@@ -145,9 +140,10 @@ class RolloutWorker:
         return self.version
 
     def generate(self, plan: int, indices: list[int], version: int, weights: list, world: int = 1):
-        """Plan `plan` over the records `indices`, sampled by version `version`, whose trainable tensors are the
-        object `weights[0]` (a Ray object ref, in a list so that Ray does not fetch it: it is fetched only when
-        this worker holds another version, e.g. after Ray restarted it), and scored; returns
+        """Plan `plan` over the records `indices`, sampled by version `version`, whose trainable tensors come from
+        the handle `weights[0]` (asynchronous.weight_sync: a Ray object ref, in a list so that Ray does not fetch it,
+        or the version to ask the learner for), fetched only when this worker holds another version (e.g. after Ray
+        restarted it), and scored; returns
         ([(rollout, scores [N, K], reward metrics)] one per learner process, {"busy_s", "load_s", "restarted"})."""
         t0 = time.perf_counter()
         t1 = self._start(plan, indices, version, weights)
