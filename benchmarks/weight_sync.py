@@ -74,7 +74,7 @@ def measure(args) -> Report:
                     t.fill_(0).add_(torch.arange(numel, dtype=torch.float32)).add_(v * 1000 + i)
                 p = publishers[kind]
                 p.keep({v})
-                handle = p.handle(v, lambda: [t.detach().to("cpu", copy=True) for t in learner])
+                handle = p.handle(v, lambda: learner)                # as the controller: the live tensors
                 assert ray.get(worker.fetch.remote(kind, v, [handle])), f"{kind}: version {v} arrived changed"
 
             # the fill above is part of both calls; time it alone to take it out

@@ -10,8 +10,8 @@ into tensors shaped like its own trainable parameters, only when it lacks that v
                   the object's ref, which the worker fetches (shared memory on the learner's node, Ray's transfer to
                   another node)
     gloo          a `torch.distributed` process group of two ranks, the learner and one worker, over gloo: the worker
-                  asks for a version and a thread of the learner sends that version's CPU tensors over the group, one
-                  at a time; the handle is only the version (nothing is pickled or copied into the object store)
+                  asks for a version and a thread of the learner sends that version's CPU tensors over the group, as
+                  one flat buffer per dtype; the handle is only the version (nothing is pickled or copied into the object store)
     nccl          the same over NCCL, from the learner's GPU to the worker's GPU, so the tensors never leave the
                   devices (written for GPUs, untested here: this machine has none)
 
@@ -22,7 +22,8 @@ own pair group. The learner hosts a `TCPStore`; a worker takes a pair number fro
 the learner's accept thread then starts a thread for that pair, and both sides build the group under the pair's
 prefix (a worker that took a number and died before marking is never waited for). A request is a store key
 (`pair_<n>/request_<i>`: the version), which the pair's thread polls, so that it never sits inside a gloo call when
-the run ends; the answer goes over the group: a header [status, tensors, elements], then the tensors one by one. A
+the run ends; the answer goes over the group: a header [status, tensors, elements], then one flat buffer per run of tensors of
+one dtype (a version is a few sends, not one per tensor). A
 pair whose worker died ends with its connection.
 """
 
@@ -52,8 +53,9 @@ class Publisher(Protocol):
     """The learner's side (process 0): what each call to a worker carries for a version."""
 
     def handle(self, version: int, tensors: Callable[[], list]) -> object:
-        """The handle of `version` for a worker's call; `tensors()` makes the version's tensors, called at most
-        once per version (they are kept until `keep` drops them)."""
+        """The handle of `version` for a worker's call; `tensors()` gives the version's tensors as they are now (the
+        learner's own, which its next update changes: the publisher copies what it keeps), called at most once per
+        version."""
 
     def keep(self, versions: set) -> None:
         """Drop every version's tensors but these (the versions running plans started with, the newest, and the one
@@ -99,7 +101,7 @@ class ObjectStorePublisher:
         import ray
 
         if self._put is None or self._put[0] != version:
-            self._put = (version, ray.put(tensors()))
+            self._put = (version, ray.put([t.detach().to("cpu") for t in tensors()]))   # put copies them
         return self._put[1]
 
     def keep(self, versions: set) -> None:
@@ -164,7 +166,8 @@ class PairPublisher:
     def handle(self, version: int, tensors: Callable[[], list]) -> object:
         with self._lock:
             if version not in self._versions:
-                self._versions[version] = [t.contiguous() for t in tensors()]
+                made = tensors()
+                self._versions[version] = (len(made), sum(t.numel() for t in made), _flat(made, self.device))
         return version
 
     def keep(self, versions: set) -> None:
@@ -225,11 +228,11 @@ class PairPublisher:
                 store.delete_key(key)
                 n += 1
                 with self._lock:
-                    tensors = self._versions.get(version)
-                header = [_UNKNOWN, 0, 0] if tensors is None else [_OK, len(tensors), sum(t.numel() for t in tensors)]
+                    held = self._versions.get(version)
+                header = [_UNKNOWN, 0, 0] if held is None else [_OK, held[0], held[1]]
                 group.send([torch.tensor(header, dtype=torch.int64, device=device)], 1, 1).wait()
-                for t in tensors or []:
-                    group.send([t], 1, 2).wait()
+                for buffer in held[2] if held is not None else []:
+                    group.send([buffer], 1, 2).wait()
         except RuntimeError as e:          # the worker stopped, died or never connected: its pair ends here
             if not self._closed.is_set():
                 log.info("async: weight pair %d closed (%s)", pair, (str(e).splitlines() or [""])[0])
@@ -281,12 +284,39 @@ class PairReceiver:
             self.group = None        # the tensors are on their way: this pair is out of step, the next takes another
             raise ValueError(f"{self._where(version)}: the learner sends {count} tensors of {numel} elements, this "
                              f"worker's policy has {len(like)} of {sum(t.numel() for t in like)}")
-        out = []
-        for t in like:
-            buf = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-            self.group.recv([buf], 0, 2).wait(timeout)
-            out.append(buf)
-        return (status, count, numel), out
+        buffers = [torch.empty(sum(t.numel() for t in run), dtype=run[0].dtype, device=run[0].device)
+                   for run in _runs(like)]
+        for buffer in buffers:
+            self.group.recv([buffer], 0, 2).wait(timeout)
+        return (status, count, numel), _unflat(buffers, like)
+
+
+def _runs(tensors: Sequence[torch.Tensor]) -> list[list]:
+    """The tensors in runs of one dtype, in order: each run travels as one flat buffer."""
+    runs: list[list] = []
+    for t in tensors:
+        if runs and runs[-1][0].dtype == t.dtype:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
+
+
+def _flat(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """A copy on `device` as one flat buffer per run of one dtype: a version goes as a few sends, not one per tensor
+    (a LoRA policy has hundreds of small ones)."""
+    return [torch.cat([t.detach().reshape(-1).to(device) for t in run]) for run in _runs(tensors)]
+
+
+def _unflat(buffers: list[torch.Tensor], like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors shaped like `like`'s, as views of the received buffers."""
+    out = []
+    for buffer, run in zip(buffers, _runs(like)):
+        offset = 0
+        for t in run:
+            out.append(buffer[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+    return out
 
 
 def _device(backend: str) -> torch.device:

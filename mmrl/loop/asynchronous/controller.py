@@ -97,6 +97,8 @@ class Controller:
     world:        the learner's processes (torchrun): this controller runs on process 0; each plan is sampled in
                   `world` shares and share r goes to process r (`mmrl.loop.asynchronous.follower`), where that
                   process makes its batch (group filter, advantages) as the synchronous trainer's process r does.
+    publisher:    asynchronous.weight_sync's learner side (`mmrl.distributed.weight_sync.Publisher`; default: the
+                  object store); `device`: where FSDP2's gathered tensors are kept, "cpu" or "learner" (its GPU, nccl).
     """
 
     def __init__(self, *, section: AsyncConfig, workers: list, local, params: list, prompts_per_step: int,
@@ -110,7 +112,6 @@ class Controller:
         self.prompts_per_step, self.group_size, self.max_steps = prompts_per_step, group_size, max_steps
         self.world = world
         self.full = FullWeights(params, keep=True, device=device) if sharded else None   # FSDP2: shards gathered
-        self.device = device                   # where published tensors are kept: "cpu", or "learner" (the params')
         if publisher is None:
             from mmrl.distributed.weight_sync import WEIGHT_SYNC
 
@@ -228,10 +229,9 @@ class Controller:
         return handle
 
     def _tensors(self) -> list:
-        """A copy of the current version's tensors (the learner goes on updating its own), where they are kept."""
-        if self.full is not None:
-            return self.full.tensors
-        return [p.detach().to("cpu", copy=True) if self.device == "cpu" else p.detach().clone() for p in self.params]
+        """The current version's tensors as they are now (the publisher copies what it keeps): the parameters, or
+        under FSDP2 their gathered whole tensors."""
+        return self.full.tensors if self.full is not None else [p.detach() for p in self.params]
 
     def _wait_for(self, plan: int) -> None:
         """Block until a running plan, or a plan's scoring, finishes (any: workers are freed as they finish)."""
