@@ -259,6 +259,16 @@ class Interruptible(Protocol):
 
 
 @runtime_checkable
+class SamplesWithACopy(Protocol):
+    """A policy that samples with a copy of its trainable weights held elsewhere (a vLLM engine). An asynchronous
+    rollout worker (`mmrl.loop.asynchronous.worker`) overwrites the trainable parameters with a version's tensors and
+    then calls `weights_loaded(version)`; the policy brings its copy up to date before it next samples (only when the
+    version differs from the one it last sampled with)."""
+
+    def weights_loaded(self, version: int) -> None: ...
+
+
+@runtime_checkable
 class HasExtraState(Protocol):
     """What a sharded checkpoint keeps besides the trainable parameters (`mmrl.state.dcp`): `extra_state()` -> dict of
     tensors, loaded back in place with `load_extra_state(state)` (DiffusionNFT's old weights)."""

@@ -149,15 +149,22 @@ class VLMCommon(abc.ABC):
 
         return gathered(self.scorer, mode=self.ctx.rollout)
 
+    def weights_loaded(self, version: int) -> None:
+        """`mmrl.types.SamplesWithACopy`: an asynchronous rollout worker loaded the learner's version `version`; the
+        vLLM engine gets it before the next rollout (once per version, not once per plan)."""
+        self._loaded_version = version
+
     def _before_sampling(self, step: int) -> None:
-        """The backend's turn before a rollout or evaluation (vLLM: push the weights trained since the last);
-        with sharded weights only the root's own are gathered, the blocks one at a time by the push."""
+        """The backend's turn before a rollout or evaluation (vLLM: push the weights trained since the last, which
+        the trainer's step identifies, or in a rollout worker the version it loaded); with sharded weights only the
+        root's own are gathered, the blocks one at a time by the push."""
         from mmrl.distributed.sharding import gathered
 
         if self.cfg.backend == "hf":                      # generation runs on the trained module itself
             return
+        loaded = getattr(self, "_loaded_version", None)
         with gathered(self.scorer, mode="sharded"):
-            self.p.backend.before_rollout(self.p.model, step)
+            self.p.backend.before_rollout(self.p.model, step if loaded is None else ("version", loaded))
 
     def rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
         self._before_sampling(prompts.step)

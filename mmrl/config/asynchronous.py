@@ -137,10 +137,11 @@ def _check_combinations(cfg) -> None:
     refused = {
         "algo.filter.name": (algo.filter.name in RESAMPLING, f"{algo.filter.name} (its resampling rounds draw "
                              "prompts in order inside one step; use starpo or none)"),
-        "policy.backend": (getattr(cfg.policy, "backend", "hf") == "vllm",
-                           "vllm (each rollout worker would need its own engine and weight push; use hf)"),
     }
     if cfg.asynchronous.interrupt:
+        refused["policy.backend"] = (getattr(cfg.policy, "backend", "hf") == "vllm", "vllm with "
+                                     "asynchronous.interrupt=true (a vLLM generate call does not stop at a token "
+                                     "boundary to take new weights; use backend hf, or interrupt=false)")
         refused["algo.objective"] = (algo.objective == "nft", "nft with asynchronous.interrupt=true (a DiffusionNFT "
                                      "sample is trained as one clean image that all its denoising steps made, so "
                                      "it has no one version to bound; set asynchronous.interrupt=false)")

@@ -21,6 +21,7 @@ from PIL import Image
 from tests import BANDIT, REPO
 
 T2I = os.path.join(REPO, "configs", "tiny", "t2i_shapes.yaml")      # the text-to-image default: DiffusionNFT
+VLM_TINY = os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml")
 
 
 # --- unit: the section's checks and the rules ---------------------------------------------------------------
@@ -56,6 +57,16 @@ def test_diffusion_nft_runs_asynchronously_but_is_not_interrupted():
     _load("asynchronous.enabled=true", "asynchronous.max_staleness=1", path=T2I)
     with pytest.raises(ConfigError, match="'algo.objective' is nft with asynchronous.interrupt=true"):
         _load("asynchronous.enabled=true", "asynchronous.interrupt=true", path=T2I)
+
+
+def test_vllm_rollout_workers_are_not_interrupted():
+    """vLLM samples in rollout workers (tests/vlm/test_vlm_vllm.py runs it, in the vLLM venv), but its generate call
+    does not stop at a token boundary: with asynchronous.interrupt it is a config error."""
+    from mmrl.config import ConfigError
+
+    assert _load("asynchronous.enabled=true", "policy.backend=vllm", path=VLM_TINY).policy.backend == "vllm"
+    with pytest.raises(ConfigError, match="'policy.backend' is vllm with asynchronous.interrupt=true"):
+        _load("asynchronous.enabled=true", "policy.backend=vllm", "asynchronous.interrupt=true", path=VLM_TINY)
 
 
 def test_the_section_is_not_checked_when_off():
@@ -187,7 +198,7 @@ def test_interrupted_replies_take_newer_weights_within_the_bound(ray_cluster, tm
     sampled depends on timing (on a quiet machine it did in 3 runs of 3; on CI's busy cores not always), so it is
     not asserted here: `tests/core/test_interrupt.py` offers a version at a chosen token, in process, and checks
     the interrupted reply's tokens and behaviour log-probs."""
-    path = os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml")
+    path = VLM_TINY
     run = _train(path, tmp_path / "run", "max_steps=6", "logging.save_samples_every=1", "eval.every=0",
                  "checkpoint.every=0", "algo.objective=decoupled", "asynchronous.enabled=true",
                  "asynchronous.rollout_workers=2", "asynchronous.max_staleness=1", "asynchronous.interrupt=true")
@@ -313,7 +324,7 @@ def test_a_learner_of_two_processes_trains_what_the_synchronous_two_process_run_
     the final weights equal the synchronous 2-process run's, bit for bit. Under FSDP2 the published weights are the
     shards gathered on both processes after each update, sent to the worker over its own gloo group
     (asynchronous.weight_sync=gloo), beside the learner's process group."""
-    path = os.path.join(REPO, "configs", "tiny", "vlm_tiny.yaml")
+    path = VLM_TINY
     common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0",
               "logging.progress=false", f"distributed.strategy={strategy}")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}

@@ -28,7 +28,10 @@ def test_pushed_weights_equal_the_merged_adapter(make_policy, counting_rows):
 
     policy = make_policy("qwen2_5_vl")
     _perturb_lora(policy.p.model.hf)
+    own = {n: p.detach().clone() for n, p in policy.p.model.hf.named_parameters()}
     weights = hf_weights(policy.p.model.hf, policy.p.model.peft)
+    # the model's own weights are left as they were, to the bit (an in-place merge and unmerge would round them)
+    assert all(torch.equal(p, own[n]) for n, p in policy.p.model.hf.named_parameters())
     assert weights and not any("lora" in k or "base_layer" in k for k in weights)
     assert all(".visual." not in k for k in weights)                 # frozen vision: nothing to push
     fresh = AutoModelForImageTextToText.from_pretrained(resolve_model("tiny:qwen2_5_vl")).eval()
@@ -69,11 +72,14 @@ def test_vllm_rollouts_and_weight_push(make_policy, counting_rows):
 
 def test_vllm_logprobs_match_the_hf_recompute_before_and_after_a_push(make_policy, counting_rows):
     """vLLM's sampled-token log-probs (image prompts) equal the Hugging Face recompute to 1e-5 in fp32,
-    before and after a weight push: the engine samples from the policy the trainer scores."""
+    before and after a weight push: the engine samples from the policy the trainer scores. The weights differ from
+    the pretrained ones the engine loaded before the first rollout too (a resumed run, a rollout worker given a
+    version): the first rollout pushes them."""
     pytest.importorskip("vllm")
     from vlm.policy import VLLMSection
 
     policy = make_policy("qwen2_5_vl", backend="vllm", max_new_tokens=8, vllm=VLLMSection(cpu_kv_cache_gib=1))
+    _perturb_lora(policy.p.model.hf, 0.5)                  # weights the engine has not seen, before any rollout
     before = None
     for step in (0, 1):
         if step == 1:
@@ -156,3 +162,27 @@ def test_vllm_samples_from_the_sharded_policy_after_a_block_by_block_push(tmp_pa
     done = subprocess.run([sys.executable, "-c", SHARDED.replace("OUT", str(tmp_path))], cwd=repo_root,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.integration
+def test_a_rollout_worker_samples_with_its_own_vllm_engine(tmp_path, repo_root):
+    """asynchronous.enabled with policy.backend=vllm (`mmrl train`, which starts Ray on this machine), eta = 0, one
+    rollout worker: the worker builds its own engine and pushes each version it loads into it, and the run trains what the synchronous vLLM run trains: the same rows (rewards, loss, grad_norm) and samples,
+    3 steps. Each run is a process of its own (an engine's process group does not outlive a run in process)."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("ray")
+    import subprocess
+    import sys
+
+    from tests.core.test_async import VLM_TINY, _rows, _samples
+
+    common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0",
+              "logging.progress=false", "policy.backend=vllm", "policy.vllm.cpu_kv_cache_gib=1")
+    for name, extra in (("sync", ()), ("async", ("asynchronous.enabled=true",))):
+        done = subprocess.run([sys.executable, "-m", "mmrl", "train", VLM_TINY, f"output_dir={tmp_path / name}",
+                               *common, *extra], cwd=repo_root, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    sync, run = tmp_path / "sync", tmp_path / "async"
+    assert _rows(run) == _rows(sync) and len(_rows(run)) == 3
+    samples = _samples(run)
+    assert samples == _samples(sync) and {v for rows in samples.values() for r in rows for v in r["versions"]} == {0, 1, 2}

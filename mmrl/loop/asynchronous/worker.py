@@ -32,6 +32,8 @@ from dataclasses import replace
 
 import torch
 
+from mmrl.types import SamplesWithACopy
+
 
 class PlannedPrompts:
     """The sampler of a worker's generator: the controller decides each plan's prompt indices (from the run's
@@ -120,6 +122,8 @@ class RolloutWorker:
                 p.copy_(w)
         if self.nft:                      # the published weights are the old (sampling) policy's: old = theta here
             self.policy.update_old(0.0)
+        if isinstance(self.policy, SamplesWithACopy):    # a vLLM engine: pushed the new version before it samples
+            self.policy.weights_loaded(version)
         self.version = version
         self._plan_weights[version] = weights
         self.generator.receive(version)
