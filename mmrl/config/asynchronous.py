@@ -52,6 +52,11 @@ class AsyncConfig:
     timeout_s: float = 600.0               # longest wait for a rollout worker's batch before the run stops with an error
     interrupt: bool = False                # interruptible rollouts: running samples take newer weights at the next token / denoising step
     weight_sync: str = "object_store"      # how workers get each version: object_store (Ray) | gloo | nccl (a torch.distributed group per worker)
+    learner_processes: int = 0             # > 0: the learner runs as this many Ray actors in a placement group (DDP / FSDP2 between them), not in the processes torchrun starts
+    cpus_per_learner: float = 1.0          # Ray resources of each learner process (its placement-group bundle)
+    gpus_per_learner: float = 0.0
+    learner_resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources each learner process needs, e.g. {learner: 1} to keep the learner on nodes started with `ray start --resources '{"learner": 8}'`
+    learner_placement: str = "pack"        # how the learner's bundles are placed: pack | spread | strict_pack | strict_spread (Ray's strategies)
     max_restarts: int = 3                  # a rollout worker that dies (killed, OOM, a crash) is restarted by Ray this many times; its plan is sampled again from its seeds
 
 
@@ -90,6 +95,23 @@ STALENESS.register("drop")(StalenessRule(
 ))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """How the learner's placement-group bundles are placed (`learner_placement`): Ray's strategy name."""
+
+    strategy: str
+    doc: str                                 # its line in `--help` and the docs
+
+
+PLACEMENTS: Registry = Registry("placement strategy")
+for _name, _strategy, _doc in [
+        ("pack", "PACK", "the learner's bundles on as few nodes as fit them (Ray's PACK)"),
+        ("spread", "SPREAD", "the bundles on as many nodes as possible (Ray's SPREAD)"),
+        ("strict_pack", "STRICT_PACK", "all bundles on one node, or the run stops (Ray's STRICT_PACK)"),
+        ("strict_spread", "STRICT_SPREAD", "each bundle on a node of its own, or the run stops (Ray's STRICT_SPREAD)")]:
+    PLACEMENTS.register(_name)(Placement(_strategy, _doc))
+
+
 def check(cfg) -> None:
     """Load-time checks of the `asynchronous` section and of what it cannot combine with yet (ConfigError)."""
     a = cfg.asynchronous
@@ -98,19 +120,23 @@ def check(cfg) -> None:
     if importlib.util.find_spec("ray") is None:
         raise ConfigError("config key 'asynchronous.enabled' is true, but Ray is not installed: "
                           "pip install -e \".[ray]\" (or set asynchronous.enabled=false)")
-    for key, low in (("rollout_workers", 1), ("reward_workers", 0), ("max_staleness", 0), ("max_restarts", 0)):
+    for key, low in (("rollout_workers", 1), ("reward_workers", 0), ("max_staleness", 0), ("max_restarts", 0),
+                     ("learner_processes", 0)):
         if getattr(a, key) < low:
             raise ConfigError(f"config key 'asynchronous.{key}' must be >= {low}, got {getattr(a, key)}")
-    for key in ("cpus_per_worker", "gpus_per_worker", "cpus_per_reward_worker", "gpus_per_reward_worker"):
+    for key in ("cpus_per_worker", "gpus_per_worker", "cpus_per_reward_worker", "gpus_per_reward_worker",
+                "cpus_per_learner", "gpus_per_learner"):
         if getattr(a, key) < 0:
             raise ConfigError(f"config key 'asynchronous.{key}' must be >= 0, got {getattr(a, key)}")
-    for name, amount in a.worker_resources.items():
-        if not isinstance(amount, (int, float)) or amount <= 0:
-            raise ConfigError(f"config key 'asynchronous.worker_resources.{name}' must be a number > 0, got {amount!r}")
+    for key in ("worker_resources", "learner_resources"):
+        for name, amount in getattr(a, key).items():
+            if not isinstance(amount, (int, float)) or amount <= 0:
+                raise ConfigError(f"config key 'asynchronous.{key}.{name}' must be a number > 0, got {amount!r}")
     if not a.timeout_s > 0:
         raise ConfigError(f"config key 'asynchronous.timeout_s' must be > 0, got {a.timeout_s}")
     try:
         STALENESS.check(a.on_stale, "asynchronous.on_stale")
+        PLACEMENTS.check(a.learner_placement, "asynchronous.learner_placement")
     except ValueError as e:
         raise ConfigError(str(e)) from None
     from mmrl.distributed.weight_sync import WEIGHT_SYNC
@@ -123,6 +149,10 @@ def check(cfg) -> None:
         raise ConfigError(f"config key 'asynchronous.weight_sync' is {a.weight_sync}, which sends CUDA tensors from the "
                           f"learner's GPU to each rollout worker's: it needs cpu=false and asynchronous.gpus_per_worker "
                           f"> 0 (got cpu={cfg.cpu}, gpus_per_worker={a.gpus_per_worker}); use gloo or object_store")
+    p = cfg.train.prompts_per_step
+    if a.learner_processes and p % a.learner_processes:
+        raise ConfigError(f"config key 'asynchronous.learner_processes' is {a.learner_processes}: train.prompts_per_step"
+                          f"={p} must be divisible by the learner's processes")
     if a.address not in (None, "auto") and ":" not in str(a.address):
         raise ConfigError(f"config key 'asynchronous.address' must be null (a cluster on this machine), auto "
                           f"(the cluster `ray start` runs here) or host:port, got {a.address!r}")

@@ -379,9 +379,10 @@ def _registries() -> dict:
     from mmrl.algorithms.policy_losses import POLICY_LOSSES
     from mmrl.algorithms.rollout_correction import CORRECTIONS
     from mmrl.algorithms.schedules import SCHEDULES
-    from mmrl.config.asynchronous import STALENESS
+    from mmrl.config.asynchronous import PLACEMENTS, STALENESS
     from mmrl.distributed.weight_sync import WEIGHT_SYNC
 
-    return {"asynchronous.on_stale": STALENESS, "asynchronous.weight_sync": WEIGHT_SYNC, "algo.objective": OBJECTIVES, "algo.advantage": ESTIMATORS, "algo.reward_combine": REWARD_COMBINES,
+    return {"asynchronous.on_stale": STALENESS, "asynchronous.weight_sync": WEIGHT_SYNC,
+            "asynchronous.learner_placement": PLACEMENTS, "algo.objective": OBJECTIVES, "algo.advantage": ESTIMATORS, "algo.reward_combine": REWARD_COMBINES,
             "algo.policy_loss": POLICY_LOSSES, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
             "algo.filter.name": FILTERS, "optim.schedule": SCHEDULES, "algo.credit.name": CREDITS, "algo.rollout_correction.mode": CORRECTIONS}

@@ -255,7 +255,16 @@ def _reduce_metrics(row: dict[str, Metric]) -> dict:
 
 
 def train(cfg: Config) -> str:
-    """Run training to `cfg.max_steps`; returns the run directory."""
+    """Run training to `cfg.max_steps`; returns the run directory. With asynchronous.learner_processes > 0 this
+    process only starts the learner's Ray actors, each of which runs this function as one process of the learner
+    (`mmrl.loop.asynchronous.learners`)."""
+    a = cfg.asynchronous
+    if a.enabled and a.learner_processes:
+        from mmrl.loop.asynchronous.learners import INSIDE, train_on_ray
+
+        if not os.environ.get(INSIDE):
+            _resume_path(cfg, os.path.join(cfg.output_dir, "checkpoints"))   # a run already there: before any actor
+            return train_on_ray(cfg, train)
     run = setup(cfg)
     try:
         run.fit()

@@ -43,6 +43,11 @@ def _load(*overrides: str, path: str = BANDIT):
     ("asynchronous.reward_workers=-1", "'asynchronous.reward_workers' must be >= 0"),
     ("asynchronous.cpus_per_reward_worker=-1", "'asynchronous.cpus_per_reward_worker' must be >= 0"),
     ("algo.filter.name=dynamic", "'algo.filter.name' is dynamic"),
+    ("asynchronous.learner_processes=-1", "'asynchronous.learner_processes' must be >= 0"),
+    ("asynchronous.cpus_per_learner=-1", "'asynchronous.cpus_per_learner' must be >= 0"),
+    ("asynchronous.learner_placement=diagonal", "pack, spread, strict_pack, strict_spread"),
+    ("asynchronous.learner_processes=3", "'asynchronous.learner_processes' is 3: train.prompts_per_step=4 must be "
+                                         "divisible"),
 ])
 def test_the_section_is_checked_at_load(override, message):
     from mmrl.config import ConfigError
@@ -67,6 +72,16 @@ def test_vllm_rollout_workers_are_not_interrupted():
     assert _load("asynchronous.enabled=true", "policy.backend=vllm", path=VLM_TINY).policy.backend == "vllm"
     with pytest.raises(ConfigError, match="'policy.backend' is vllm with asynchronous.interrupt=true"):
         _load("asynchronous.enabled=true", "policy.backend=vllm", "asynchronous.interrupt=true", path=VLM_TINY)
+
+
+def test_learner_processes_on_ray_and_torchrun_together_are_a_config_error(monkeypatch):
+    from mmrl.config import ConfigError
+    from mmrl.loop.asynchronous.learners import train_on_ray
+
+    monkeypatch.setenv("WORLD_SIZE", "2")                        # a process of a torchrun launch
+    with pytest.raises(ConfigError, match="'asynchronous.learner_processes' is 2: the learner runs as Ray actors, "
+                                          "but this command was launched with torchrun"):
+        train_on_ray(_load("asynchronous.enabled=true", "asynchronous.learner_processes=2"), None)
 
 
 def test_the_section_is_not_checked_when_off():
@@ -316,17 +331,18 @@ def test_a_killed_driver_resumes_with_resume_auto(tmp_path, mmrl_cmd):
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "ray_actors"])
 def test_a_learner_of_two_processes_trains_what_the_synchronous_two_process_run_trains(tmp_path, free_port, mmrl_cmd,
                                                                                       run_side_by_side, strategy):
     """torchrun with 2 processes, eta = 0, one rollout worker: the worker samples each plan in 2 shares, process 0
     scatters them, each process filters and trains its own; rows (reduced over processes), process 0's samples and
     the final weights equal the synchronous 2-process run's, bit for bit. Under FSDP2 the published weights are the
     shards gathered on both processes after each update, sent to the worker over its own gloo group
-    (asynchronous.weight_sync=gloo), beside the learner's process group."""
+    (asynchronous.weight_sync=gloo), beside the learner's process group. ray_actors: no torchrun, `mmrl train` starts
+    the 2 learner processes (DDP) as Ray actors in a placement group (asynchronous.learner_processes=2)."""
     path = VLM_TINY
     common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0",
-              "logging.progress=false", f"distributed.strategy={strategy}")
+              "logging.progress=false", f"distributed.strategy={'fsdp' if strategy == 'fsdp' else 'ddp'}")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
 
     def launched(out, *extra):
@@ -334,9 +350,13 @@ def test_a_learner_of_two_processes_trains_what_the_synchronous_two_process_run_
                  str(free_port()), "-m", "mmrl", "train", path, f"output_dir={out}", *common, *extra], env)
 
     sync, run = tmp_path / "sync", tmp_path / "async"
-    sync_kind = "gloo" if strategy == "fsdp" else "object_store"
-    run_side_by_side([launched(sync), launched(run, "asynchronous.enabled=true", f"asynchronous.weight_sync={sync_kind}")],
-                     timeout=900)
+    if strategy == "ray_actors":             # the rollout worker's CPU and the two learners' halves: the 2 cores
+        on_ray = (mmrl_cmd("train", path, f"output_dir={run}", *common, "asynchronous.enabled=true",
+                           "asynchronous.learner_processes=2", "asynchronous.cpus_per_learner=0.5"), env)
+    else:
+        sync_kind = "gloo" if strategy == "fsdp" else "object_store"
+        on_ray = launched(run, "asynchronous.enabled=true", f"asynchronous.weight_sync={sync_kind}")
+    run_side_by_side([launched(sync), on_ray], timeout=900)
     assert _rows(run) == _rows(sync) and len(_rows(run)) == 3
     assert _samples(run) == _samples(sync)
     if strategy == "fsdp":                  # a sharded checkpoint: the weights as `mmrl export` writes them
@@ -360,6 +380,14 @@ def test_more_workers_than_the_cluster_holds_is_a_config_error(ray_cluster, tmp_
     with pytest.raises(ConfigError, match=r"\+ 'asynchronous.reward_workers' \(2\) x "
                                           r"'asynchronous.cpus_per_reward_worker' \(1.0\) need 3 CPUs"):
         _train(BANDIT, tmp_path / "run", "asynchronous.enabled=true", "asynchronous.reward_workers=2")
+    with pytest.raises(ConfigError, match=r"\+ 'asynchronous.learner_processes' \(2\) x "
+                                          r"'asynchronous.cpus_per_learner' \(1.0\) need 3 CPUs"):
+        _train(BANDIT, tmp_path / "run", "asynchronous.enabled=true", "asynchronous.learner_processes=2")
+    with pytest.raises(ConfigError, match=r"'asynchronous.learner_processes' \(1\) x "
+                                          r"'asynchronous.learner_resources.learner' \(1.0\) need 1 learners; the Ray "
+                                          r"cluster has 0"):
+        _train(BANDIT, tmp_path / "run", "asynchronous.enabled=true", "asynchronous.learner_processes=1",
+               "asynchronous.learner_resources={learner: 1}")
 
 
 @pytest.mark.integration

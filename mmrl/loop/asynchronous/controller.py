@@ -326,6 +326,38 @@ class Controller:
         return out
 
 
+def check_resources(a: AsyncConfig) -> None:
+    """The Ray cluster holds what the section asks for, counted together: the rollout workers, the reward workers and
+    the learner's processes when they are Ray actors (asynchronous.learner_processes); a ConfigError naming the keys
+    otherwise."""
+    import ray
+
+    have = ray.cluster_resources()
+    groups = [("rollout_workers", a.rollout_workers, "cpus_per_worker", a.cpus_per_worker, "gpus_per_worker",
+               a.gpus_per_worker),
+              ("reward_workers", a.reward_workers, "cpus_per_reward_worker", a.cpus_per_reward_worker,
+               "gpus_per_reward_worker", a.gpus_per_reward_worker),
+              ("learner_processes", a.learner_processes, "cpus_per_learner", a.cpus_per_learner, "gpus_per_learner",
+               a.gpus_per_learner)]
+    for resource, pick in (("CPU", 3), ("GPU", 5)):
+        used = [(g[0], g[1], g[pick - 1], g[pick]) for g in groups if g[1] and g[pick]]
+        need = sum(count * per for _, count, _, per in used)
+        if need > have.get(resource, 0.0) + 1e-9:
+            terms = " + ".join(f"'asynchronous.{ck}' ({c}) x 'asynchronous.{pk}' ({p})" for ck, c, pk, p in used)
+            raise ConfigError(f"config keys {terms} need {need:g} {resource}s; the Ray cluster has "
+                              f"{have.get(resource, 0.0):g}")
+    custom = [("rollout_workers", a.rollout_workers, "worker_resources", a.worker_resources),
+              ("learner_processes", a.learner_processes, "learner_resources", a.learner_resources)]
+    for name in sorted({n for _, count, _, asked in custom if count for n in asked}):
+        used = [(ck, c, rk, asked[name]) for ck, c, rk, asked in custom if c and name in asked]
+        need = sum(c * per for _, c, _, per in used)
+        if need > have.get(name, 0.0) + 1e-9:
+            terms = " + ".join(f"'asynchronous.{ck}' ({c}) x 'asynchronous.{rk}.{name}' ({per})"
+                               for ck, c, rk, per in used)
+            raise ConfigError(f"config keys {terms} need {need:g} {name}s; the Ray cluster has "
+                              f"{have.get(name, 0.0):g}")
+
+
 def start(cfg, local, params, world: int = 1, sharded: bool = False) -> Controller:
     """Ray up (this machine, or the cluster at asynchronous.address), the rollout workers built (each loads the
     config and builds its policy), checked against the cluster's resources first; on process 0 of a learner of
@@ -339,21 +371,12 @@ def start(cfg, local, params, world: int = 1, sharded: bool = False) -> Controll
     if owns_ray:
         ray.init(address=a.address, include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=True, configure_logging=False)
-    have = ray.cluster_resources()
-    custom = [(f"worker_resources.{name}", amount, name) for name, amount in a.worker_resources.items()]
-    for key, per, resource in [("cpus_per_worker", a.cpus_per_worker, "CPU"),
-                               ("gpus_per_worker", a.gpus_per_worker, "GPU"), *custom]:
-        reward_key = {"CPU": "cpus_per_reward_worker", "GPU": "gpus_per_reward_worker"}.get(resource)
-        reward_per = getattr(a, reward_key) if reward_key else 0.0
-        need = per * a.rollout_workers + reward_per * a.reward_workers
-        if need > have.get(resource, 0.0) + 1e-9:
-            if owns_ray:
-                ray.shutdown()
-            reward = (f" + 'asynchronous.reward_workers' ({a.reward_workers}) x 'asynchronous.{reward_key}' "
-                      f"({reward_per})") if reward_per and a.reward_workers else ""
-            raise ConfigError(f"config keys 'asynchronous.rollout_workers' ({a.rollout_workers}) x "
-                              f"'asynchronous.{key}' ({per}){reward} need {need:g} {resource}s; the Ray cluster "
-                              f"has {have.get(resource, 0.0):g}")
+    try:
+        check_resources(a)
+    except ConfigError:
+        if owns_ray:
+            ray.shutdown()
+        raise
     from mmrl.loop.asynchronous.worker import RewardWorker, RolloutWorker
 
     # a worker that dies is rebuilt and its running call sent again: the plan is sampled again from its seeds
