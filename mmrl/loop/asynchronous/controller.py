@@ -333,29 +333,24 @@ def check_resources(a: AsyncConfig) -> None:
     import ray
 
     have = ray.cluster_resources()
-    groups = [("rollout_workers", a.rollout_workers, "cpus_per_worker", a.cpus_per_worker, "gpus_per_worker",
-               a.gpus_per_worker),
-              ("reward_workers", a.reward_workers, "cpus_per_reward_worker", a.cpus_per_reward_worker,
-               "gpus_per_reward_worker", a.gpus_per_reward_worker),
-              ("learner_processes", a.learner_processes, "cpus_per_learner", a.cpus_per_learner, "gpus_per_learner",
-               a.gpus_per_learner)]
-    for resource, pick in (("CPU", 3), ("GPU", 5)):
-        used = [(g[0], g[1], g[pick - 1], g[pick]) for g in groups if g[1] and g[pick]]
-        need = sum(count * per for _, count, _, per in used)
+    terms = []                             # (resource, count key, count, per-process key, amount per process)
+    for count_key, count, role in (("rollout_workers", a.rollout_workers, "worker"),
+                                   ("reward_workers", a.reward_workers, "reward_worker"),
+                                   ("learner_processes", a.learner_processes, "learner")):
+        terms += [(resource, count_key, count, f"{kind}_per_{role}", getattr(a, f"{kind}_per_{role}"))
+                  for resource, kind in (("CPU", "cpus"), ("GPU", "gpus"))]
+    terms += [(name, "rollout_workers", a.rollout_workers, f"worker_resources.{name}", amount)
+              for name, amount in a.worker_resources.items()]
+    terms += [(name, "learner_processes", a.learner_processes, f"learner_resources.{name}", amount)
+              for name, amount in a.learner_resources.items()]
+    for resource in dict.fromkeys(t[0] for t in terms):
+        used = [t for t in terms if t[0] == resource and t[2] and t[4]]
+        need = sum(count * per for _, _, count, _, per in used)
         if need > have.get(resource, 0.0) + 1e-9:
-            terms = " + ".join(f"'asynchronous.{ck}' ({c}) x 'asynchronous.{pk}' ({p})" for ck, c, pk, p in used)
-            raise ConfigError(f"config keys {terms} need {need:g} {resource}s; the Ray cluster has "
+            asked = " + ".join(f"'asynchronous.{ck}' ({count}) x 'asynchronous.{pk}' ({per})"
+                               for _, ck, count, pk, per in used)
+            raise ConfigError(f"config keys {asked} need {need:g} {resource}s; the Ray cluster has "
                               f"{have.get(resource, 0.0):g}")
-    custom = [("rollout_workers", a.rollout_workers, "worker_resources", a.worker_resources),
-              ("learner_processes", a.learner_processes, "learner_resources", a.learner_resources)]
-    for name in sorted({n for _, count, _, asked in custom if count for n in asked}):
-        used = [(ck, c, rk, asked[name]) for ck, c, rk, asked in custom if c and name in asked]
-        need = sum(c * per for _, c, _, per in used)
-        if need > have.get(name, 0.0) + 1e-9:
-            terms = " + ".join(f"'asynchronous.{ck}' ({c}) x 'asynchronous.{rk}.{name}' ({per})"
-                               for ck, c, rk, per in used)
-            raise ConfigError(f"config keys {terms} need {need:g} {name}s; the Ray cluster has "
-                              f"{have.get(name, 0.0):g}")
 
 
 def start(cfg, local, params, world: int = 1, sharded: bool = False) -> Controller:
