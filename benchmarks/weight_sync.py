@@ -1,4 +1,4 @@
-"""Weight sync of asynchronous training: Ray's object store against a gloo group per worker (`asynchronous.weight_sync`).
+"""Asynchronous weight sync: Ray's object store against a gloo group per worker (`asynchronous.weight_sync`).
 
 The learner's side runs here (the driver), a rollout worker's side in a Ray actor of its own process, as in a run.
 Each timed call publishes a new version on the learner (`Publisher.handle`: the CPU copy of the tensors, and for the

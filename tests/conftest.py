@@ -160,6 +160,37 @@ def read_metrics():
 
 
 @pytest.fixture
+def comparable_rows():
+    """`comparable_rows(run_dir)`: every row of RUN_DIR/metrics.jsonl without the keys that differ between two runs
+    of the same training (`time/`, `mem/`, `async/`): what a run is compared with another by."""
+    return lambda run_dir: [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/", "async/"))}
+                            for r in _read_metrics(run_dir)]
+
+
+def _run_samples(run_dir) -> dict:
+    import numpy as np
+    from PIL import Image
+
+    folder = os.path.join(str(run_dir), "samples")
+    out = {}
+    for name in sorted(f for f in os.listdir(folder) if f.endswith(".jsonl")):
+        rows = [json.loads(line) for line in open(os.path.join(folder, name))]
+        for r in rows:
+            path = os.path.join(folder, str(r["output"]))
+            if str(r["output"]).endswith(".png") and os.path.exists(path):
+                r["output"] = np.asarray(Image.open(path)).tobytes()
+        out[name] = rows
+    return out
+
+
+@pytest.fixture
+def run_samples():
+    """`run_samples(run_dir)`: every file of RUN_DIR/samples as {name: rows}, an image output replaced by its
+    pixels (two runs sampled the same images when these are equal)."""
+    return _run_samples
+
+
+@pytest.fixture
 def train_rows():
     """`train_rows(run_dir)`: the training rows of RUN_DIR/metrics.jsonl (those with a loss)."""
     return lambda run_dir: [r for r in _read_metrics(run_dir) if "loss" in r]

@@ -11,20 +11,21 @@ into tensors shaped like its own trainable parameters, only when it lacks that v
                   another node)
     gloo          a `torch.distributed` process group of two ranks, the learner and one worker, over gloo: the worker
                   asks for a version and a thread of the learner sends that version's CPU tensors over the group, as
-                  one flat buffer per dtype; the handle is only the version (nothing is pickled or copied into the object store)
+                  one flat buffer per dtype; the handle is only the version (nothing is pickled or copied into the
+                  object store)
     nccl          the same over NCCL, from the learner's GPU to the worker's GPU, so the tensors never leave the
                   devices (written for GPUs, untested here: this machine has none)
 
 One group per worker, not one broadcast group for all: a broadcast would make every worker take every version at the
 same moment, while each worker here loads a version when its next plan starts, on its own schedule, and a worker
-that Ray rebuilt after it died could not rejoin a group whose ranks are fixed. So each worker *incarnation* builds its
-own pair group. The learner hosts a `TCPStore`; a worker takes a pair number from it (`add`) and marks that it joins;
-the learner's accept thread then starts a thread for that pair, and both sides build the group under the pair's
-prefix (a worker that took a number and died before marking is never waited for). A request is a store key
+that Ray rebuilt after it died could not rejoin a group whose ranks are fixed. So each worker *incarnation* builds
+its own pair group. The learner hosts a `TCPStore`; a worker takes a pair number from it (`add`) and marks that it
+joins; the learner's accept thread then starts a thread for that pair, and both sides build the group under the
+pair's prefix (a worker that took a number and died before marking is never waited for). A request is a store key
 (`pair_<n>/request_<i>`: the version), which the pair's thread polls, so that it never sits inside a gloo call when
-the run ends; the answer goes over the group: a header [status, tensors, elements], then one flat buffer per run of tensors of
-one dtype (a version is a few sends, not one per tensor). A
-pair whose worker died ends with its connection.
+the run ends; the answer goes over the group: a header [status, tensors, elements], then one flat buffer per run of
+tensors of one dtype (a version is a few sends, not one per tensor). A pair whose worker died ends with its
+connection.
 """
 
 from __future__ import annotations
@@ -216,7 +217,8 @@ class PairPublisher:
         try:
             # a client of its own: a store object serves one call at a time, and building a group waits in the store
             # until its worker's end is there, which must hold up neither the other pairs nor `_accept`
-            store = dist.TCPStore(self.host, self.store.port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
+            store = dist.TCPStore(self.host, self.store.port, is_master=False,
+                                  timeout=timedelta(seconds=self.timeout_s))
             group = _pair_group(self.backend, store, pair, 0, self.timeout_s, device)
             n = 0
             while not self._closed.is_set():

@@ -13,10 +13,8 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from tests import BANDIT, REPO
 
@@ -130,26 +128,6 @@ def _train(config: str, out_dir, *overrides: str) -> str:
     return train(_load(f"output_dir={out_dir}", "logging.progress=false", *overrides, path=config))
 
 
-def _rows(run_dir) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/", "async/"))} for r in rows]
-
-
-def _samples(run_dir) -> dict:
-    """Every samples file's rows, an image output replaced by its pixels."""
-    folder = os.path.join(run_dir, "samples")
-    out = {}
-    for name in sorted(f for f in os.listdir(folder) if f.endswith(".jsonl")):
-        rows = [json.loads(line) for line in open(os.path.join(folder, name))]
-        for r in rows:
-            path = os.path.join(folder, str(r["output"]))
-            if str(r["output"]).endswith(".png") and os.path.exists(path):
-                r["output"] = np.asarray(Image.open(path)).tobytes()
-        out[name] = rows
-    return out
-
-
 def _weights(run_dir) -> dict:
     from safetensors.torch import load_file
 
@@ -162,7 +140,8 @@ def _weights(run_dir) -> dict:
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["vlm_tiny", "sd3_tiny", "t2i_shapes"])
-def test_eta_0_with_one_worker_trains_what_the_synchronous_trainer_trains(ray_cluster, tmp_path, config):
+def test_eta_0_with_one_worker_trains_what_the_synchronous_trainer_trains(ray_cluster, tmp_path, config,
+                                                                         comparable_rows, run_samples):
     """Samples (outputs, image pixels, scores, advantages), rewards, loss and grad_norm of 3 steps, and the final
     weights: the same bits as the synchronous trainer's. t2i_shapes trains DiffusionNFT: the workers sample with the
     learner's old copy (after step 1 it is no longer the trained weights: old <- eta old + (1 - eta) theta)."""
@@ -170,10 +149,10 @@ def test_eta_0_with_one_worker_trains_what_the_synchronous_trainer_trains(ray_cl
     common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0")
     sync = _train(path, tmp_path / "sync", *common)
     run = _train(path, tmp_path / "async", *common, "asynchronous.enabled=true", "asynchronous.cpus_per_worker=2")
-    assert _rows(run) == _rows(sync)
-    assert [r["grad_norm"] for r in _rows(run)] != [0.0] * 3                    # something was trained
-    samples = _samples(run)
-    assert samples == _samples(sync) and len(samples) == 3
+    assert comparable_rows(run) == comparable_rows(sync)
+    assert [r["grad_norm"] for r in comparable_rows(run)] != [0.0] * 3                    # something was trained
+    samples = run_samples(run)
+    assert samples == run_samples(sync) and len(samples) == 3
     assert {v for rows in samples.values() for r in rows for v in r["versions"]} == {0, 1, 2}
     ours, theirs = _weights(run), _weights(sync)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
@@ -242,12 +221,12 @@ def test_drop_discards_batches_older_than_the_bound(ray_cluster, tmp_path, train
 
 
 @pytest.mark.integration
-def test_a_resumed_asynchronous_run_continues_the_unbroken_one(ray_cluster, tmp_path):
+def test_a_resumed_asynchronous_run_continues_the_unbroken_one(ray_cluster, tmp_path, comparable_rows):
     common = ("eval.every=0", "checkpoint.every=2", "asynchronous.enabled=true")
     unbroken = _train(BANDIT, tmp_path / "unbroken", "max_steps=6", *common)
     _train(BANDIT, tmp_path / "parts", "max_steps=4", *common)
     resumed = _train(BANDIT, tmp_path / "parts", "max_steps=6", "resume=auto", *common)
-    assert _rows(resumed) == _rows(unbroken)
+    assert comparable_rows(resumed) == comparable_rows(unbroken)
     with open(os.path.join(resumed, "checkpoints", "step_000006", "state.json")) as f:
         assert json.load(f)["async_plan"] == 6
 
@@ -272,7 +251,8 @@ def test_a_resumed_run_that_discarded_plans_trains_to_its_last_step(ray_cluster,
 @pytest.mark.parametrize("reward_workers, weight_sync", [(0, "object_store"), (1, "object_store"), (0, "gloo")],
                          ids=["rollout_worker", "reward_worker", "rollout_worker_gloo"])
 def test_a_killed_worker_is_restarted_and_its_plan_sampled_again(ray_cluster, tmp_path, train_rows, reward_workers,
-                                                                 weight_sync, monkeypatch):
+                                                                 weight_sync, monkeypatch, comparable_rows,
+                                                                 run_samples):
     """The worker that scores SIGKILLs itself while scoring plan 2 (tests/core/dying_reward.py): the rollout worker,
     or with asynchronous.reward_workers=1 the reward worker. Ray restarts it and sends the plan again, so the run
     trains every plan exactly once: the same rows and samples as the synchronous run (a reward worker pool with
@@ -290,9 +270,9 @@ def test_a_killed_worker_is_restarted_and_its_plan_sampled_again(ray_cluster, tm
     run = _train(BANDIT, tmp_path / "async", *common, "asynchronous.enabled=true",
                  f"asynchronous.reward_workers={reward_workers}", f"asynchronous.weight_sync={weight_sync}")
     assert marker.exists()                                      # the worker did die
-    assert _rows(run) == _rows(sync)
+    assert comparable_rows(run) == comparable_rows(sync)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "versions"} for r in rows]   # noqa: E731
-    assert [strip(rows) for rows in _samples(run).values()] == [strip(rows) for rows in _samples(sync).values()]
+    assert [strip(rows) for rows in run_samples(run).values()] == [strip(rows) for rows in run_samples(sync).values()]
     assert train_rows(run)[-1]["async/worker_restarts"] == 1
     # over gloo: the learner served the worker's pair and the rebuilt worker's new one
     assert [p.pairs for p in publishers] == ([2] if weight_sync == "gloo" else [])
@@ -308,7 +288,7 @@ def _latest_step(run_dir) -> int:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_a_killed_driver_resumes_with_resume_auto(tmp_path, mmrl_cmd):
+def test_a_killed_driver_resumes_with_resume_auto(tmp_path, mmrl_cmd, comparable_rows):
     """SIGKILL of `mmrl train` (the learner and controller) after its step-4 checkpoint; `resume=auto` samples
     the plans not yet trained again and ends where an unbroken run ends (eta = 0: the synchronous run's rows)."""
     common = ("max_steps=12", "checkpoint.every=4", "eval.every=0", "policy.sleep_s=0.05")
@@ -326,14 +306,15 @@ def test_a_killed_driver_resumes_with_resume_auto(tmp_path, mmrl_cmd):
     done = subprocess.run(command + ["resume=auto"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     sync = _train(BANDIT, tmp_path / "sync", *common)
-    assert _rows(run) == _rows(sync)
+    assert comparable_rows(run) == comparable_rows(sync)
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "ray_actors"])
 def test_a_learner_of_two_processes_trains_what_the_synchronous_two_process_run_trains(tmp_path, free_port, mmrl_cmd,
-                                                                                      run_side_by_side, strategy):
+                                                                                      run_side_by_side, strategy,
+                                                                                      comparable_rows, run_samples):
     """torchrun with 2 processes, eta = 0, one rollout worker: the worker samples each plan in 2 shares, process 0
     scatters them, each process filters and trains its own; rows (reduced over processes), process 0's samples and
     the final weights equal the synchronous 2-process run's, bit for bit. Under FSDP2 the published weights are the
@@ -357,8 +338,8 @@ def test_a_learner_of_two_processes_trains_what_the_synchronous_two_process_run_
         sync_kind = "gloo" if strategy == "fsdp" else "object_store"
         on_ray = launched(run, "asynchronous.enabled=true", f"asynchronous.weight_sync={sync_kind}")
     run_side_by_side([launched(sync), on_ray], timeout=900)
-    assert _rows(run) == _rows(sync) and len(_rows(run)) == 3
-    assert _samples(run) == _samples(sync)
+    assert comparable_rows(run) == comparable_rows(sync) and len(comparable_rows(run)) == 3
+    assert run_samples(run) == run_samples(sync)
     if strategy == "fsdp":                  # a sharded checkpoint: the weights as `mmrl export` writes them
         from safetensors.torch import load_file
 

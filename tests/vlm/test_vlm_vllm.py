@@ -165,24 +165,26 @@ def test_vllm_samples_from_the_sharded_policy_after_a_block_by_block_push(tmp_pa
 
 
 @pytest.mark.integration
-def test_a_rollout_worker_samples_with_its_own_vllm_engine(tmp_path, repo_root):
+def test_a_rollout_worker_samples_with_its_own_vllm_engine(tmp_path, repo_root, comparable_rows, run_samples):
     """asynchronous.enabled with policy.backend=vllm (`mmrl train`, which starts Ray on this machine), eta = 0, one
-    rollout worker: the worker builds its own engine and pushes each version it loads into it, and the run trains what the synchronous vLLM run trains: the same rows (rewards, loss, grad_norm) and samples,
-    3 steps. Each run is a process of its own (an engine's process group does not outlive a run in process)."""
+    rollout worker: the worker builds its own engine and pushes each version it loads into it, and the run trains
+    what the synchronous vLLM run trains: the same rows (rewards, loss, grad_norm) and samples, 3 steps. Each run is
+    a process of its own (an engine's process group does not outlive a run in process)."""
     pytest.importorskip("vllm")
     pytest.importorskip("ray")
+    import os
     import subprocess
     import sys
-
-    from tests.core.test_async import VLM_TINY, _rows, _samples
 
     common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0",
               "logging.progress=false", "policy.backend=vllm", "policy.vllm.cpu_kv_cache_gib=1")
     for name, extra in (("sync", ()), ("async", ("asynchronous.enabled=true",))):
-        done = subprocess.run([sys.executable, "-m", "mmrl", "train", VLM_TINY, f"output_dir={tmp_path / name}",
+        config = os.path.join(repo_root, "configs", "tiny", "vlm_tiny.yaml")
+        done = subprocess.run([sys.executable, "-m", "mmrl", "train", config, f"output_dir={tmp_path / name}",
                                *common, *extra], cwd=repo_root, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     sync, run = tmp_path / "sync", tmp_path / "async"
-    assert _rows(run) == _rows(sync) and len(_rows(run)) == 3
-    samples = _samples(run)
-    assert samples == _samples(sync) and {v for rows in samples.values() for r in rows for v in r["versions"]} == {0, 1, 2}
+    assert comparable_rows(run) == comparable_rows(sync) and len(comparable_rows(run)) == 3
+    samples = run_samples(run)
+    assert samples == run_samples(sync)
+    assert {v for rows in samples.values() for r in rows for v in r["versions"]} == {0, 1, 2}

@@ -1,13 +1,14 @@
 """A learner of several processes as Ray actors in a placement group (`asynchronous.learner_processes` > 0).
 
 `mmrl train CONFIG asynchronous.enabled=true asynchronous.learner_processes=N` needs no torchrun: the command (the
-driver) joins or starts Ray, reserves a placement group of N bundles (`cpus_per_learner`, `gpus_per_learner` and `learner_resources` each,
-placed by `learner_placement`), and starts one `LearnerProcess` actor per bundle. Each actor is one process of the
-learner as torchrun would start it: it sets the launch variables (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT of
-actor 0's node, LOCAL_RANK 0: an actor sees only the devices Ray gave it) and runs the same trainer
-(`mmrl.loop.trainer.train`, handed over by the driver), so DDP or FSDP2 run over torch.distributed between the actors as between torchrun's
-processes; process 0 drives the rollout and reward workers (`controller.start`, from inside its actor). The driver
-waits for all of them and stops the others as soon as one fails, raising its error.
+driver) joins or starts Ray, reserves a placement group of N bundles (`cpus_per_learner`, `gpus_per_learner` and
+`learner_resources` each, placed by `learner_placement`), and starts one `LearnerProcess` actor per bundle. Each
+actor is one process of the learner as torchrun would start it: it sets the launch variables (RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT of actor 0's node, LOCAL_RANK 0: an actor sees only the devices Ray gave it) and runs
+the same trainer (`mmrl.loop.trainer.train`, handed over by the driver), so DDP or FSDP2 run over torch.distributed
+between the actors as between torchrun's processes; process 0 drives the rollout and reward workers
+(`controller.start`, from inside its actor). The driver waits for all of them and stops the others as soon as one
+fails, raising its error.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def train_on_ray(cfg, run) -> str:
         check_resources(a)
         bundle = {"CPU": a.cpus_per_learner, **({"GPU": a.gpus_per_learner} if a.gpus_per_learner else {}),
                   **a.learner_resources}
-        group = placement_group([dict(bundle) for _ in range(n)], strategy=PLACEMENTS.resolve(a.learner_placement).strategy)
+        strategy = PLACEMENTS.resolve(a.learner_placement).strategy
+        group = placement_group([dict(bundle) for _ in range(n)], strategy=strategy)
         try:
             ray.get(group.ready(), timeout=a.timeout_s)
         except ray.exceptions.GetTimeoutError:
