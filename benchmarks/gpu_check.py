@@ -1,5 +1,6 @@
 """A one-GPU check of the CPU defaults: the tiny smoke configs on CUDA in bf16, under the default
-strategy and under FSDP2, plus the vLLM backend when vLLM is installed.
+strategy and under FSDP2, plus the vLLM backend when vLLM is installed and asynchronous training on Ray
+when Ray is.
 
 Each run is `mmrl train` in a subprocess with a timeout, writing into `--out` (default: a new temp
 folder), one run directory per run:
@@ -9,6 +10,9 @@ folder), one run directory per run:
     <config> fsdp_xG   the same on G GPUs (only with --gpus G > 1; train.prompts_per_step = 2 G, so each
                        GPU gets the 2 prompts of the one-GPU run)
     vlm_tiny vllm      the default run with policy.backend=vllm (skipped unless `import vllm` works here)
+    vlm_tiny async_colocated  asynchronous training on Ray, one GPU shared: the learner as one Ray actor and one
+                       rollout worker, half the GPU each (gpus_per_learner = gpus_per_worker = 0.5), eta 1, the
+                       decoupled objective, weights over gloo (skipped unless `import ray` works here)
 
 for CONFIG in configs/tiny/vlm_tiny.yaml and configs/tiny/sd3_tiny.yaml. "default" is one plain
 process (distributed.strategy keeps its default, ddp, which has nothing to wrap on one process).
@@ -139,8 +143,13 @@ def _spec(out: str, name: str, label: str, steps: int, extra: list[str], python:
     return RunSpec(f"{name} {label}", train_argv(python, CONFIGS[name], d, steps, extra, nproc), d)
 
 
+ASYNC_COLOCATED = ["asynchronous.enabled=true", "asynchronous.learner_processes=1", "asynchronous.gpus_per_learner=0.5",
+                   "asynchronous.gpus_per_worker=0.5", "asynchronous.max_staleness=1", "algo.objective=decoupled",
+                   "asynchronous.weight_sync=gloo"]
+
+
 def run_specs(out: str, steps: int = 4, gpus: int = 1, has_vllm: bool = False,
-              python: str = sys.executable) -> list[RunSpec]:
+              python: str = sys.executable, has_ray: bool = False) -> list[RunSpec]:
     """Every run of the check, in order (pure: nothing is run or created)."""
     fsdp = ["distributed.strategy=fsdp"]
     specs = []
@@ -152,6 +161,9 @@ def run_specs(out: str, steps: int = 4, gpus: int = 1, has_vllm: bool = False,
                                python, nproc=gpus))
     vllm = _spec(out, "vlm_tiny", "vllm", steps, ["policy.backend=vllm"], python)
     specs.append(vllm if has_vllm else RunSpec(vllm.name, vllm.argv, vllm.out_dir, skip="skipped: vllm not installed"))
+    colocated = _spec(out, "vlm_tiny", "async_colocated", steps, ASYNC_COLOCATED, python)
+    specs.append(colocated if has_ray else RunSpec(colocated.name, colocated.argv, colocated.out_dir,
+                                                   skip="skipped: ray not installed"))
     return specs
 
 
@@ -270,7 +282,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     out = os.path.abspath(args.out or tempfile.mkdtemp(prefix="mmrl_gpu_check_"))
     os.makedirs(out, exist_ok=True)
-    results = [run_one(s, args.timeout) for s in run_specs(out, args.steps, args.gpus, vllm_importable())]
+    import importlib.util
+
+    has_ray = importlib.util.find_spec("ray") is not None
+    results = [run_one(s, args.timeout)
+               for s in run_specs(out, args.steps, args.gpus, vllm_importable(), has_ray=has_ray)]
     device = torch.cuda.get_device_name()          # after the runs: this process holds no CUDA context during them
     table_text, line = report(results, device, torch.__version__, args.steps), headline(results)
     context = {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,

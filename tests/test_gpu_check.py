@@ -61,7 +61,7 @@ def test_run_specs_cover_default_fsdp_and_vllm(gpu_check):
     specs = gpu_check.run_specs("/out", steps=4, gpus=1, has_vllm=False, python="py")
     by_name = {s.name: s for s in specs}
     assert list(by_name) == ["vlm_tiny default", "vlm_tiny fsdp_x1", "sd3_tiny default", "sd3_tiny fsdp_x1",
-                             "vlm_tiny vllm"]
+                             "vlm_tiny vllm", "vlm_tiny async_colocated"]
     default = by_name["vlm_tiny default"].argv
     assert default[:5] == ["py", "-m", "mmrl", "train", "configs/tiny/vlm_tiny.yaml"]
     for key in ("precision=bf16", "cpu=false", "max_steps=4", "eval.every=0", "output_dir=/out/vlm_tiny_default"):
@@ -71,24 +71,26 @@ def test_run_specs_cover_default_fsdp_and_vllm(gpu_check):
     assert "distributed.strategy=fsdp" in fsdp and "precision=bf16" in fsdp
     assert "distributed.strategy=fsdp" not in default
     assert by_name["vlm_tiny vllm"].skip == "skipped: vllm not installed"
-    assert all(s.skip is None for s in specs[:-1])
+    assert by_name["vlm_tiny async_colocated"].skip == "skipped: ray not installed"
+    assert all(s.skip is None for s in specs[:-2])
 
 
 def test_run_specs_add_multi_gpu_fsdp_and_vllm_when_installed(gpu_check):
-    specs = gpu_check.run_specs("/out", steps=6, gpus=4, has_vllm=True, python="py")
+    specs = gpu_check.run_specs("/out", steps=6, gpus=4, has_vllm=True, python="py", has_ray=True)
     multi = {s.name: s.argv for s in specs if s.name.endswith("fsdp_x4")}
     assert set(multi) == {"vlm_tiny fsdp_x4", "sd3_tiny fsdp_x4"}
     for argv in multi.values():
         assert argv[argv.index("--nproc_per_node") + 1] == "4"
         assert "train.prompts_per_step=8" in argv and "max_steps=6" in argv
-    vllm = specs[-1]
+    vllm, colocated = specs[-2:]
     assert vllm.skip is None and "policy.backend=vllm" in vllm.argv
+    assert colocated.skip is None and "asynchronous.gpus_per_learner=0.5" in colocated.argv
 
 
 def test_each_config_the_check_runs_exists_and_takes_its_overrides(gpu_check, repo_root):
     from mmrl.config import load_config
 
-    for spec in gpu_check.run_specs("/out", has_vllm=True):
+    for spec in gpu_check.run_specs("/out", has_vllm=True, has_ray=True):
         i = spec.argv.index("train")
         cfg = load_config(os.path.join(repo_root, spec.argv[i + 1]), spec.argv[i + 2:])
         assert cfg.precision == "bf16" and cfg.cpu is False and cfg.eval.every == 0
