@@ -311,16 +311,18 @@ def test_a_killed_driver_resumes_with_resume_auto(tmp_path, mmrl_cmd, comparable
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "ray_actors"])
+@pytest.mark.parametrize("strategy", ["fsdp", "ray_actors"])
 def test_a_learner_of_two_processes_trains_what_the_synchronous_two_process_run_trains(tmp_path, free_port, mmrl_cmd,
                                                                                       run_side_by_side, strategy,
                                                                                       comparable_rows, run_samples):
-    """torchrun with 2 processes, eta = 0, one rollout worker: the worker samples each plan in 2 shares, process 0
+    """A learner of 2 processes, eta = 0, one rollout worker: the worker samples each plan in 2 shares, process 0
     scatters them, each process filters and trains its own; rows (reduced over processes), process 0's samples and
-    the final weights equal the synchronous 2-process run's, bit for bit. Under FSDP2 the published weights are the
-    shards gathered on both processes after each update, sent to the worker over its own gloo group
-    (asynchronous.weight_sync=gloo), beside the learner's process group. ray_actors: no torchrun, `mmrl train` starts
-    the 2 learner processes (DDP) as Ray actors in a placement group (asynchronous.learner_processes=2)."""
+    the final weights equal the synchronous 2-process (torchrun, DDP) run's, bit for bit. fsdp: torchrun's 2
+    processes under FSDP2, whose published weights are the shards gathered on both processes after each update, sent
+    to the worker over its own gloo group (asynchronous.weight_sync=gloo), beside the learner's process group.
+    ray_actors: no torchrun, `mmrl train` starts the 2 learner processes (DDP, weights through the object store) as
+    Ray actors in a placement group (asynchronous.learner_processes=2). (DDP under torchrun was a third case; the two
+    cover its parts: the shares and DDP, and torchrun's launch.)"""
     path = VLM_TINY
     common = ("max_steps=3", "logging.save_samples_every=1", "eval.every=0", "checkpoint.every=0",
               "logging.progress=false", f"distributed.strategy={'fsdp' if strategy == 'fsdp' else 'ddp'}")
