@@ -33,6 +33,11 @@ class EpisodeMeta:
     TRUNCATED = "truncated"              # bool: env truncation, env.max_turns, or a context over policy.max_prompt_tokens
     SEED = SEED_KEY                      # int: the environment seed
     FINAL_IMAGE = "final_image"          # PIL image or None: the observation after the last reply (not shown to the model)
+    TOOL_CALLS = "tool_calls"            # list[list[dict]] per reply: its tool calls {name, arguments, error, result, images}
+    TOOLS = "tools"                      # list[str]: the run's tool names (the same in every sample)
+
+
+TOOL_ERRORS = ("malformed", "unknown_tool", "bad_arguments", "timeout", "exception", "limit")   # tools.box.ERROR_KINDS
 
 
 def train_records(env) -> list[dict]:
@@ -73,7 +78,33 @@ def episode_metrics(samples: list, total: torch.Tensor, group_size: int) -> dict
         "env/truncated_frac": weighted_mean(sum(bool(m[EpisodeMeta.TRUNCATED]) for m in metas) / max(n, 1), n),
         "env/reward_group_std": mean(float(spread.mean()) if spread.numel() else 0.0),
         "env/distinct_2": mean(sum(distinct_ngrams(r) for r in replies) / max(len(replies), 1)),
+        **tool_metrics(samples),
     }
+
+
+def tool_metrics(samples: list) -> dict[str, Metric]:
+    """Tool use of one round of trajectories (empty when the run has no tools): calls per episode, the share of
+    episodes that call a tool before their first environment action, calls per tool and errors per episode
+    (all and by kind, `TOOL_ERRORS`). The keys depend on the run's tools only, so every process logs the same."""
+    metas = [s.meta for s in samples if isinstance(s.meta, dict)]
+    names = sorted({n for m in metas for n in m.get(EpisodeMeta.TOOLS, [])})
+    if not names:
+        return {}
+    n = len(metas)
+    calls = [c for m in metas for reply in m.get(EpisodeMeta.TOOL_CALLS, []) for c in reply]
+
+    def first_calls(m) -> bool:
+        replies = m.get(EpisodeMeta.TOOL_CALLS, [])
+        return bool(replies) and bool(replies[0])
+
+    out = {"tools/calls_per_episode": weighted_mean(len(calls) / max(n, 1), n),
+           "tools/episodes_calling_first": weighted_mean(sum(first_calls(m) for m in metas) / max(n, 1), n),
+           "tools/errors": weighted_mean(sum(c["error"] is not None for c in calls) / max(n, 1), n)}
+    for kind in TOOL_ERRORS:
+        out[f"tools/errors/{kind}"] = weighted_mean(sum(c["error"] == kind for c in calls) / max(n, 1), n)
+    for name in names:
+        out[f"tools/{name}/calls"] = weighted_mean(sum(c["name"] == name for c in calls) / max(n, 1), n)
+    return out
 
 
 def eval_success(samples: list) -> float | None:

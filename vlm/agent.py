@@ -20,7 +20,12 @@ class AgentPolicy(VLMCommon):
         from envs import make_env
 
         super().__init__(cfg, ctx, parts)
-        self.episodes = EpisodeRunner(ctx.env, cfg, parts, ctx.device, make_env)
+        toolbox = None
+        if ctx.tools:
+            from tools import ToolBox
+
+            toolbox = ToolBox.from_config(list(ctx.tools), ctx.env.tool_format, ctx.env.max_tool_calls)
+        self.episodes = EpisodeRunner(ctx.env, cfg, parts, ctx.device, make_env, toolbox)
 
     def _episodes(self, prompts: PromptBatch, group_size: int, spec: SamplingSpec) -> list:
         with torch.no_grad(), self._autocast():

@@ -18,6 +18,13 @@ Interruptible rollouts (`asynchronous.interrupt`): each turn's generate call tak
 each reply token's version.
 Each observation image is encoded once, when it arrives, and reused by every later turn's
 generation and by scoring (re-encoded with grad, once per view, when the vision side trains).
+
+Tools (the top-level `tools:` list, `tools`): the first user message's system text announces them, and a
+reply that calls one (in `env.tool_format`) is answered by the calls' results (text and images, `tools.box`)
+instead of an environment step: the environment does not move, the reply's reward is 0, and its action is
+None without counting as invalid. The results follow the reply as masked context rendered from the new
+messages only, like an observation (vlm.turns.TurnTemplate.tool_turn). `env.max_turns` counts every reply,
+tool calls included; `env.max_tool_calls` bounds the calls of an episode.
 """
 
 from __future__ import annotations
@@ -78,6 +85,9 @@ class Trajectory:
     reply_tokens: list = field(default_factory=list)  # tokens of each reply (its action columns)
     reply_versions: list = field(default_factory=list)  # [l] weights version of each reply's tokens (interruptible)
     states: list = field(default_factory=list)        # a key of the observation each reply answered
+    shown_features: list = field(default_factory=list)  # the encoder output observation k was first shown with
+    tool_calls: list = field(default_factory=list)    # per reply: the `tools.CallRecord` dicts of its calls
+    tool_names: tuple = ()                            # the run's tools (every episode lists them all, for metrics)
     actions: list = field(default_factory=list)
     rewards: list = field(default_factory=list)
     invalid: int = 0
@@ -90,14 +100,17 @@ class Trajectory:
 class EpisodeRunner:
     """Runs the episodes of a `PromptBatch` whose rows are `{env_seed: s}` (see the module docstring)."""
 
-    def __init__(self, env_cfg, cfg, parts, device, make_env):
+    def __init__(self, env_cfg, cfg, parts, device, make_env, tools=None):
         self.env_cfg, self.cfg, self.p, self.device, self.make_env = env_cfg, cfg, parts, device, make_env
+        self.tools = tools                     # a `tools.ToolBox`, or None
         tok = parts.model.tokenizer
         self.eos_text = tok.convert_ids_to_tokens(parts.tokens.stop_ids[0])
         self.template = TurnTemplate(parts.model.processor, parts.builder.keys, parts.builder.resize,
                                      parts.builder.image_kwargs, self.eos_text, parts.model.hf, device,
                                      keep_encoder_inputs=not cfg.freeze_vision)
         self.tagged = cfg.format_prompt == "r1" or "<answer>" in cfg.format_prompt
+        if tools is not None:
+            self.template.use_tools(tools.format, tools.schemas)
 
     # ------------------------------------------------------------------ text shown to the model
     def _shown(self, obs: dict, lead: str) -> tuple[str, object]:
@@ -134,14 +147,20 @@ class EpisodeRunner:
         if head.input_ids.numel() > self.cfg.max_prompt_tokens:
             raise ConfigError(f"environment seed {seed}: the first prompt has {head.input_ids.numel()} tokens "
                               f"(> policy.max_prompt_tokens={self.cfg.max_prompt_tokens}); raise it or lower policy.max_pixels")
-        return [Trajectory(env, seed, obs, [head], instructions=instructions, seen=[obs], heads={0: head})
+        return [Trajectory(env, seed, obs, [head], instructions=instructions, seen=[obs], heads={0: head},
+                           shown_features=[head.features], tool_names=tuple(self.tools.names) if self.tools else ())
                 for env, (obs, _) in zip(envs, resets)]
 
     def _step(self, t: Trajectory, tokens, ended: bool, turn: int) -> None:
-        """Record reply `turn` of `t`, step its environment and build what the model sees next."""
+        """Record reply `turn` of `t`, step its environment (or answer its tool calls) and build what the model
+        sees next."""
         reply = self.p.model.tokenizer.decode(tokens, skip_special_tokens=True)
-        action = extract_action(reply, self.tagged)
         t.states.append(state_key(t.obs))
+        if self.tools is not None and self.tools.has_calls(reply):
+            self._tool_step(t, reply, tokens, ended, turn)
+            return
+        t.tool_calls.append([])
+        action = extract_action(reply, self.tagged)
         valid, reward = action is not None, self.env_cfg.invalid_action_reward
         if valid:
             obs, r, term, trunc, info = t.env.step(action)
@@ -149,11 +168,20 @@ class EpisodeRunner:
             reward = float(r) if valid else self.env_cfg.invalid_action_reward
             t.obs, t.success = obs, bool(info.get("success", False))
             t.terminated, t.truncated = bool(term), bool(trunc)
+        t.invalid += not valid
+        seg = self._reply(t, reply, tokens, action if valid else None, reward, turn)
+        if t.done:
+            return
+        text, image = self._shown(t.obs, self._feedback(action, valid, reward))
+        nxt = self.template.turn(text, image, ended)
+        self._follow(t, seg, nxt, nxt.features if image is not None else None)
+
+    def _reply(self, t: Trajectory, reply: str, tokens, action, reward: float, turn: int):
+        """Record a reply (its tokens the next action columns) and whether the episode ends with it."""
         t.replies.append(reply)
         t.reply_tokens.append(int(tokens.numel()))
-        t.actions.append(action if valid else None)
+        t.actions.append(action)
         t.rewards.append(reward)
-        t.invalid += not valid
         seg = reply_segment(tokens)
         t.context.append(seg)
         t.actions_so_far += int(tokens.numel())
@@ -161,20 +189,33 @@ class EpisodeRunner:
         t.truncated = t.truncated or (t.done and not t.terminated)
         if t.done:
             t.turns.append([seg])
-            return
-        text, image = self._shown(t.obs, self._feedback(action, valid, reward))
-        nxt = self.template.turn(text, image, ended)
+        return seg
+
+    def _follow(self, t: Trajectory, seg, nxt, features) -> None:
+        """The reply `seg` is followed by the context segment `nxt`, which shows observation `t.obs` (its image's
+        encoder output `features`; None: the image was shown before, or there is none)."""
         t.turns.append([seg, nxt])
         t.context.append(nxt)
         t.seen.append(t.obs)
+        t.shown_features.append(features if features is not None else t.shown_features[-1])
+
+    def _tool_step(self, t: Trajectory, reply: str, tokens, ended: bool, turn: int) -> None:
+        """A reply that calls tools: answer the calls (every failure shown to the model, `tools.box`); the
+        environment does not move."""
+        used = sum(len(calls) for calls in t.tool_calls)
+        records, results = self.tools.run(reply, t.obs, used)
+        t.tool_calls.append([r.as_dict() for r in records])
+        seg = self._reply(t, reply, tokens, None, 0.0, turn)
+        if not t.done:
+            self._follow(t, seg, self.template.tool_turn(results, ended), None)
 
     def _head(self, t: Trajectory, s: int):
         """The first user message of a window starting at observation s: the instructions and observation s
         (its image features reused from the turn that first showed it)."""
         if s not in t.heads:
             text, image = self._shown(t.seen[s], t.instructions)
-            shown_in = t.turns[s - 1][1]                                   # the turn segment that carried it
-            t.heads[s] = self.template.head(self.cfg.system_prompt, text, image, features=shown_in.features)
+            features = t.shown_features[s] if image is not None else None  # encoded when first shown
+            t.heads[s] = self.template.head(self.cfg.system_prompt, text, image, features=features)
         return t.heads[s]
 
     def _window(self, t: Trajectory) -> None:
@@ -267,6 +308,7 @@ def trajectory_meta(t: Trajectory, seed: int) -> dict:
             EpisodeMeta.SUCCESS: t.success, EpisodeMeta.INVALID: t.invalid, EpisodeMeta.TERMINATED: t.terminated,
             EpisodeMeta.TRUNCATED: t.truncated, EpisodeMeta.TURN_TOKENS: list(t.reply_tokens),
             EpisodeMeta.STATES: list(t.states), "num_tokens": t.actions_so_far,
+            EpisodeMeta.TOOL_CALLS: [list(calls) for calls in t.tool_calls], EpisodeMeta.TOOLS: list(t.tool_names),
             EpisodeMeta.FINAL_IMAGE: as_image(t.obs["image"]) if t.obs.get("image") is not None else None}
 
 

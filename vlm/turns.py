@@ -26,6 +26,7 @@ from vlm.images import ResizePolicy, resize, to_rgb
 from vlm.prompts import InputKeys, build_messages, split_encoding
 
 _MARK_A, _MARK_B = "mmrl-user-mark", "mmrl-reply-mark"
+DEFAULT_SYSTEM = "You are a helpful assistant."   # the system text tools are announced after when none is set
 
 
 @dataclass(eq=False)
@@ -81,24 +82,59 @@ class TurnTemplate:
         self.tail = after_reply[len(eos_text):]                            # what follows the end-of-turn token
         self.turn_text("")                                                 # fail early on a template that cannot
 
-    def _render(self, messages: list, generation_prompt: bool) -> str:
-        return self.processor.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
+    def _render(self, messages: list, generation_prompt: bool, tools: list | None = None) -> str:
+        kwargs = {"tools": tools} if tools else {}
+        return self.processor.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False,
+                                                  **kwargs)
 
-    def turn_text(self, text: str, n_images: int = 0) -> str:
-        """The template's text of a next user message (images, then `text`) and the generation prompt,
-        as it follows a closed assistant message."""
-        longer = self._render(self._base + [_user([{"type": "image"}] * n_images, text)], True)
+    def use_tools(self, fmt, schemas: list[dict]) -> None:
+        """Announce `schemas` in every head and render tool results: with the template's own `tools=` and
+        `role: tool` rendering when it has one (it renders something different when given tools), else with
+        the format's text (`tools.formats`)."""
+        probe = [_user([], "x")]
+        self.tool_format, self.tool_schemas = fmt, list(schemas)
+        self.native_tools = self._render(probe, True, self.tool_schemas) != self._render(probe, True)
+
+    def _continuation(self, messages: list) -> str:
+        """The template's text of `messages` and the generation prompt, as they follow a closed assistant message."""
+        longer = self._render(self._base + messages, True)
         if not longer.startswith(self._closed):
             raise ValueError("the processor's chat template does not render a conversation as a prefix of its "
                              "continuation; multi-turn episodes need one that does (as Qwen-VL's and LLaVA's do)")
         return longer[len(self._closed):]
 
+    def turn_text(self, text: str, n_images: int = 0) -> str:
+        """The template's text of a next user message (images, then `text`) and the generation prompt,
+        as it follows a closed assistant message."""
+        return self._continuation([_user([{"type": "image"}] * n_images, text)])
+
     def head(self, system: str | None, text: str, image, features=None) -> Segment:
         """System prompt, the first user message (image first, then text) and the generation prompt;
-        `features`: the image's encoder output when it was already encoded (else it is encoded now)."""
+        `features`: the image's encoder output when it was already encoded (else it is encoded now).
+        With tools (`use_tools`) the system message announces them."""
         images = [self._image(image)] if image is not None else []
+        schemas = getattr(self, "tool_schemas", None)
+        if schemas and not self.native_tools:
+            system = self.tool_format.system_text(system or DEFAULT_SYSTEM, schemas)
         messages = build_messages(text, len(images), system)
-        return self._segment(self._render(messages, True), images, text, special=True, features=features)
+        if schemas and self.native_tools and system:
+            messages[0] = {"role": "system", "content": system}      # templates with tools= read a string
+        rendered = self._render(messages, True, schemas if schemas and self.native_tools else None)
+        return self._segment(rendered, images, text, special=True, features=features)
+
+    def tool_turn(self, results: list, reply_ended: bool) -> Segment:
+        """Close the reply that called tools, then the calls' results (`tools.ToolResult`: text, images) as the
+        template renders `role: tool` messages (or as the format writes them for a template without tools),
+        and the generation prompt. Each result's images come before its text and are encoded once, here."""
+        images = [self._image(im) for r in results for im in r.images]
+        if self.native_tools:
+            messages = [{"role": "tool", "content": [{"type": "image"} for _ in r.images] + [{"type": "text", "text": r.text}]
+                         if r.images else r.text} for r in results]
+        else:
+            messages = [{"role": "user", "content": self.tool_format.result_parts([(r.text, r.images) for r in results])}]
+        closing = self.tail if reply_ended else self.eos_text + self.tail
+        shown = "\n".join(r.text for r in results)
+        return self._segment(closing + self._continuation(messages), images, shown, special=False)
 
     def turn(self, text: str, image, reply_ended: bool) -> Segment:
         """Close the previous reply (with the end-of-turn token too when generation stopped at max_new_tokens),

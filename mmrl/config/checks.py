@@ -226,6 +226,28 @@ def check_env(cfg: Config) -> None:
                           "remove the data section")
 
 
+def check_tools(cfg: Config) -> None:
+    """The `tools:` list: each tool imports and can be described to the model, its settings fit, the names are
+    distinct; tools need episodes whose replies can see their results."""
+    from tools import TOOL_FORMATS, build_tools, parse_tools
+
+    if not cfg.tools:
+        return
+    e = cfg.env
+    if e is None:
+        raise ConfigError("config key 'tools': tools are called in an environment's episodes; add an env section "
+                          "(env.name=...) or remove the tools")
+    at_least("env.max_tool_calls", e.max_tool_calls, 1)
+    if e.history_turns == 0:
+        raise ConfigError("config key 'env.history_turns' is 0 with tools: the model would never see a tool's "
+                          "result (the next turn shows the current observation only); use 1 or more, or null")
+    try:
+        TOOL_FORMATS.check(e.tool_format, "env.tool_format")
+        build_tools(parse_tools(list(cfg.tools)))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def check_data(cfg: Config) -> None:
     from mmrl.data import check_source
 
@@ -258,6 +280,7 @@ def check_all(cfg: Config) -> None:
     check_rollout_correction(cfg)
     check_distributed(cfg)
     check_env(cfg)
+    check_tools(cfg)
     check_data(cfg)
     check_rewards(cfg)
     check_asynchronous(cfg)

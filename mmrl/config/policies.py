@@ -48,6 +48,7 @@ class BuildContext:
     accelerator: Any = None
     kl_beta: float = 0.0   # algo.kl_beta: adapters build no reference when it is 0
     env: Any = None        # the `env:` section (mmrl.config.EnvConfig) of a multi-turn agent run, else None
+    tools: Any = ()        # the `tools:` list of an agent run (entries as in the config; the adapter builds them)
     ratio_norm: bool = False  # the policy loss reads RatioNorm's terms (grpo_guard): record what Scores.mean_drift needs
     step_reweight: bool = False  # algo.step_reweight: the adapter must supply Scores.step_weight
     objective: str = "pg"  # algo.objective: nft builds what Policy.forward_process_loss needs (mmrl.algorithms.objectives.nft)

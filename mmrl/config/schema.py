@@ -125,6 +125,8 @@ class EnvConfig:
     instructions: Optional[str] = None    # task text shown at the start; None = the environment's `instructions`
     train_seeds: int = 100_000            # training episodes use environment seeds 0 .. train_seeds-1
     eval_seed_start: int = 1_000_000      # held-out episodes use seeds eval_seed_start .. + eval.max_prompts - 1 (disjoint)
+    max_tool_calls: int = 8               # with `tools`: tool calls an episode may make; later calls are answered with an error (kind limit)
+    tool_format: str = "hermes"           # with `tools`: how replies write calls and templates without tools announce them (tools/formats.py)
     kwargs: Dict[str, Any] = field(default_factory=dict)  # the environment's keyword arguments (the section's other keys)
 
 
@@ -139,6 +141,7 @@ class Config:
     policy: Any = None                    # the adapter's section: `name` plus its own fields
     rewards: List[Any] = field(default_factory=list)  # [{name, weight, label, timeout_s, max_fail_frac, **kwargs}]
     env: Any = None                       # EnvConfig: episodes of an environment instead of `data` prompts (multi-turn agents)
+    tools: List[Any] = field(default_factory=list)  # tools the agent may call in its episodes: [{name, label, timeout_s, max_chars, **settings}] (tools/box.py)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -381,8 +384,10 @@ def _registries() -> dict:
     from mmrl.algorithms.schedules import SCHEDULES
     from mmrl.config.asynchronous import PLACEMENTS, STALENESS
     from mmrl.distributed.weight_sync import WEIGHT_SYNC
+    from tools import TOOL_FORMATS, TOOLS
 
     return {"asynchronous.on_stale": STALENESS, "asynchronous.weight_sync": WEIGHT_SYNC,
             "asynchronous.learner_placement": PLACEMENTS, "algo.objective": OBJECTIVES, "algo.advantage": ESTIMATORS, "algo.reward_combine": REWARD_COMBINES,
             "algo.policy_loss": POLICY_LOSSES, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
-            "algo.filter.name": FILTERS, "optim.schedule": SCHEDULES, "algo.credit.name": CREDITS, "algo.rollout_correction.mode": CORRECTIONS}
+            "algo.filter.name": FILTERS, "optim.schedule": SCHEDULES, "algo.credit.name": CREDITS, "algo.rollout_correction.mode": CORRECTIONS,
+            "tools[].name": TOOLS, "env.tool_format": TOOL_FORMATS}

@@ -36,7 +36,7 @@ def build_policy_for_run(cfg: Config, acc: Accelerator, *, shard: bool = True):
              if dist_cfg.strategy == "fsdp" and shard else None)
     algo = cfg.algo
     ctx = BuildContext(device=acc.device, seed=cfg.seed, output_dir=cfg.output_dir, precision=cfg.precision,
-                       accelerator=acc, kl_beta=algo.kl_beta, env=cfg.env, ratio_norm=needs_ratio_norm(algo),
+                       accelerator=acc, kl_beta=algo.kl_beta, env=cfg.env, tools=tuple(cfg.tools), ratio_norm=needs_ratio_norm(algo),
                        step_reweight=algo.step_reweight, objective=algo.objective, shard=shard,
                        rollout=dist_cfg.rollout)
     try:

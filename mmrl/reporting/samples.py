@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from mmrl.episodes import EpisodeMeta
+
 
 def _output_field(output, image_dir: str, i: int):
     if isinstance(output, str) or output is None:
@@ -62,6 +64,9 @@ def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[s
             task = (s.meta or {}).get("task")
             if isinstance(task, str):
                 row["task"] = task
+            calls = (s.meta or {}).get(EpisodeMeta.TOOL_CALLS) if isinstance(s.meta, dict) else None
+            if calls and any(calls):
+                row["tool_calls"] = calls          # per reply: {name, arguments, error, result, images}
             if totals is not None:
                 row["reward"] = None if math.isnan(float(totals[i])) else float(totals[i])
             if advantages is not None:
