@@ -7,7 +7,8 @@ A `tools:` entry is like a reward's: a registered name (`tools.registry.TOOLS`),
     timeout_s  seconds one call may take (default 10)
     max_chars  characters of a result's text shown to the model (default 2000; the rest is cut)
 
-and every other key a setting of the tool (its keyword-only parameters, `tools.function`).
+and every other key a setting of the tool (its keyword-only parameters, `tools.function`); or an MCP server's
+tools, `{mcp: "python my_server.py"}` or `{mcp: "http://host:port/mcp"}` (`tools.mcp_tools`).
 
 Every failure of a call becomes a tool result the model reads, never a traceback, and is counted by kind:
 
@@ -27,6 +28,7 @@ from typing import Any
 
 from tools.formats import TOOL_FORMATS, ParsedCall, ToolFormat
 from tools.function import FunctionTool, ToolFailed, ToolResult
+from tools.mcp_tools import MCP_KEYS, check_target, mcp_tools
 from tools.registry import TOOLS
 
 ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "timeout", "exception", "limit")
@@ -42,6 +44,7 @@ class ToolSpec:
     timeout_s: float
     max_chars: int
     settings: dict
+    mcp: dict | None = None   # an MCP entry (its keys, `tools.mcp_tools`), or None for a function
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ def parse_tools(entries: list, key: str = "tools") -> list[ToolSpec]:
     for i, e in enumerate(entries):
         if isinstance(e, str):
             e = {"name": e}
+        if isinstance(e, dict) and "mcp" in e:
+            specs.append(_mcp_spec(e, f"{key}[{i}]"))
+            continue
         if not isinstance(e, dict) or not isinstance(e.get("name"), str) or not e["name"].strip():
             raise ValueError(f"config key '{key}[{i}]' must be a mapping with a 'name' (a registered tool: "
                              f"{TOOLS.valid()}), got {e!r}")
@@ -79,6 +85,25 @@ def parse_tools(entries: list, key: str = "tools") -> list[ToolSpec]:
         specs.append(ToolSpec(e["name"], None if label is None else str(label), timeout, chars,
                               {k: v for k, v in e.items() if k not in RESERVED}))
     return specs
+
+
+def _mcp_spec(e: dict, key: str) -> ToolSpec:
+    unknown = [k for k in e if k not in MCP_KEYS]
+    if unknown:
+        raise ValueError(f"config key '{key}.{unknown[0]}': not a key of an MCP entry; its keys: {', '.join(MCP_KEYS)}")
+    select = e.get("select")
+    if select is not None and (not isinstance(select, list) or not all(isinstance(n, str) for n in select)):
+        raise ValueError(f"config key '{key}.select' must be a list of the server's tool names, got {select!r}")
+    try:
+        timeout, chars = float(e.get("timeout_s", 10.0)), int(e.get("max_chars", 2000))
+        float(e.get("startup_timeout_s", 30.0))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"config key '{key}': timeout_s, startup_timeout_s and max_chars must be numbers: {err}") from None
+    if timeout <= 0 or chars < 1:
+        raise ValueError(f"config key '{key}': timeout_s must be > 0 and max_chars >= 1, got {timeout:g} and {chars}")
+    if e.get("env") is not None and not isinstance(e["env"], dict):
+        raise ValueError(f"config key '{key}.env' must be a mapping of environment variables, got {e['env']!r}")
+    return ToolSpec(f"mcp:{e['mcp']}", None, timeout, chars, {}, dict(e))
 
 
 def _settings_error(fn, settings: dict) -> str | None:
@@ -96,10 +121,30 @@ def _settings_error(fn, settings: dict) -> str | None:
     return None
 
 
-def build_tools(specs: list[ToolSpec], key: str = "tools") -> list[FunctionTool]:
-    """Import and describe each tool (ValueError naming the entry's key on any problem)."""
-    tools, names = [], {}
+def check_tools(specs: list[ToolSpec], key: str = "tools") -> None:
+    """What can be known without starting anything: each function imports and can be described, its settings
+    fit, the names are distinct; an MCP entry's command exists (its tools are known once it runs)."""
+    build_tools([s for s in specs if s.mcp is None], key, [i for i, s in enumerate(specs) if s.mcp is None])
     for i, s in enumerate(specs):
+        if s.mcp is not None:
+            check_target(s.mcp["mcp"], f"{key}[{i}].mcp")
+
+
+def build_tools(specs: list[ToolSpec], key: str = "tools", index: list[int] | None = None,
+                log_dir: str | None = None) -> list:
+    """Import and describe each tool, start each MCP server (ValueError naming the entry's key on any problem).
+    `index`: the entries' positions in the config list (default: 0, 1, ...); `log_dir`: where MCP stdio servers'
+    stderr goes (None: this process's stderr)."""
+    tools, names = [], {}
+    for i, s in zip(index or range(len(specs)), specs):
+        if s.mcp is not None:
+            for tool in mcp_tools(s.mcp, f"{key}[{i}]", log_dir):
+                if tool.name in names:
+                    raise ValueError(f"config key '{key}[{i}]': the MCP server's tool {tool.name!r} has the name of "
+                                     f"tools[{names[tool.name]}]'s; offer a subset with 'select:' or relabel the other")
+                names[tool.name] = i
+                tools.append(tool)
+            continue
         where = f"config key '{key}[{i}].name'"
         try:
             fn = TOOLS.resolve(s.name, f"{key}[{i}].name")
@@ -125,13 +170,15 @@ def build_tools(specs: list[ToolSpec], key: str = "tools") -> list[FunctionTool]
 class ToolBox:
     """The run's tools, their call format and the per-episode limit; `run` answers one reply's calls."""
 
-    def __init__(self, tools: list[FunctionTool], fmt: ToolFormat, max_calls: int):
+    def __init__(self, tools: list, fmt: ToolFormat, max_calls: int):
         self.tools = {t.name: t for t in tools}
         self.format, self.max_calls = fmt, max_calls
 
     @classmethod
-    def from_config(cls, entries: list, fmt: str, max_calls: int) -> "ToolBox":
-        return cls(build_tools(parse_tools(list(entries))), TOOL_FORMATS.resolve(fmt, "env.tool_format"), max_calls)
+    def from_config(cls, entries: list, fmt: str, max_calls: int, log_dir: str | None = None) -> "ToolBox":
+        """The run's tools (MCP servers started now; their stderr in `log_dir`)."""
+        return cls(build_tools(parse_tools(list(entries)), log_dir=log_dir), TOOL_FORMATS.resolve(fmt, "env.tool_format"),
+                   max_calls)
 
     @property
     def names(self) -> list[str]:

@@ -5,6 +5,8 @@ reference and weights are those of the single-turn policy (`vlm.policy.VLMCommon
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from mmrl.types import PromptBatch, Rollout
@@ -24,7 +26,8 @@ class AgentPolicy(VLMCommon):
         if ctx.tools:
             from tools import ToolBox
 
-            toolbox = ToolBox.from_config(list(ctx.tools), ctx.env.tool_format, ctx.env.max_tool_calls)
+            toolbox = ToolBox.from_config(list(ctx.tools), ctx.env.tool_format, ctx.env.max_tool_calls,
+                                          log_dir=os.path.join(ctx.output_dir, "tools"))
         self.episodes = EpisodeRunner(ctx.env, cfg, parts, ctx.device, make_env, toolbox)
 
     def _episodes(self, prompts: PromptBatch, group_size: int, spec: SamplingSpec) -> list:

@@ -227,9 +227,10 @@ def check_env(cfg: Config) -> None:
 
 
 def check_tools(cfg: Config) -> None:
-    """The `tools:` list: each tool imports and can be described to the model, its settings fit, the names are
-    distinct; tools need episodes whose replies can see their results."""
-    from tools import TOOL_FORMATS, build_tools, parse_tools
+    """The `tools:` list: each function imports and can be described to the model, its settings fit, the names
+    are distinct, an MCP server's command exists (nothing is started); tools need episodes whose replies can see
+    their results."""
+    from tools import TOOL_FORMATS, check_tools as check_entries, parse_tools
 
     if not cfg.tools:
         return
@@ -243,7 +244,7 @@ def check_tools(cfg: Config) -> None:
                           "result (the next turn shows the current observation only); use 1 or more, or null")
     try:
         TOOL_FORMATS.check(e.tool_format, "env.tool_format")
-        build_tools(parse_tools(list(cfg.tools)))
+        check_entries(parse_tools(list(cfg.tools)))
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

@@ -1,10 +1,11 @@
-"""Tools through the CLI (a subprocess): tools from `file.py:fn` references in the episodes of a file environment,
-an image result shown in the next turn, a failing call shown to the model and counted in the metrics and the
-saved samples. (Every failure kind, in process: test_vlm_tools.py.)
+"""Tools through the CLI (a subprocess): a tool from a `file.py:fn` reference and an MCP stdio server's tool (started
+by the run) in the episodes of a file environment, image results shown in the next turn, a failing call shown to
+the model and counted in the metrics and the saved samples. (Every failure kind, in process: test_vlm_tools.py.)
 
 A random tiny model writes no tool calls, so the run starts from one taught to (teacher forcing on the policy's
-own scoring of scripted trajectories): it calls `picture` for a red square (an image and its name), then for a
-pink one (which raises: there is none), then answers "right", which the strict corridor takes. The run samples
+own scoring of scripted trajectories): it calls `picture` for a red square (an image and its name), then the MCP
+server's `swatch` for a pink one (which fails on the server: there is none), then answers "right", which the
+strict corridor takes. The run samples
 near-greedily (temperature 0.05), and the teaching stops once every taught token is the most likely one by a
 margin, so the run replays the taught replies."""
 
@@ -15,6 +16,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -23,9 +25,11 @@ from omegaconf import OmegaConf
 from tests import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytest.importorskip("mcp")
 HERE = os.path.dirname(__file__)
 CORRIDOR = os.path.join(HERE, "agent_env.py") + ":Corridor"
 TOOLS = os.path.join(HERE, "agent_tools.py")
+MCP_SERVER = os.path.join(os.path.dirname(HERE), "tools", "mcp_server.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -33,12 +37,12 @@ def call(name: str, **arguments) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
-REPLIES = [call("picture", color="red"), call("picture", color="pink"), "right"]
+REPLIES = [call("picture", color="red"), call("swatch", color="pink"), "right"]
 POLICY = dict(name="vlm", min_pixels=784, max_pixels=3136, max_prompt_tokens=4096, max_new_tokens=96,
               logprob_chunk=16, format_prompt="none", lora={"rank": 0}, temperature=0.05)   # near-greedy: the taught replies
 ENV_SECTION = dict(name=CORRIDOR, length=4, strict=True, max_turns=3, max_tool_calls=7)
 MAX_STEPS = 300
-TOOL_LIST = [f"{TOOLS}:picture", f"{TOOLS}:broken"]
+TOOL_LIST = [f"{TOOLS}:picture", {"mcp": f"{sys.executable} {MCP_SERVER}", "select": ["swatch"]}]
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +101,7 @@ def tool_caller(tmp_path_factory):
     return out
 
 
-def test_tools_from_a_file_run_in_episodes_and_a_failure_is_shown_and_counted(tmp_path, tool_caller, mmrl_cmd,
+def test_a_file_tool_and_an_mcp_server_run_in_episodes_and_a_failure_is_shown_and_counted(tmp_path, tool_caller, mmrl_cmd,
                                                                                   read_metrics):
     cfg = {"output_dir": str(tmp_path / "run"), "seed": 0, "max_steps": 1,
            "policy": {**POLICY, "model": tool_caller}, "env": ENV_SECTION, "tools": TOOL_LIST,
@@ -109,10 +113,12 @@ def test_tools_from_a_file_run_in_episodes_and_a_failure_is_shown_and_counted(tm
     OmegaConf.save(OmegaConf.create(cfg), path)
     done = subprocess.run(mmrl_cmd("train", str(path)), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr                 # the server's own traceback is in its log
+    with open(tmp_path / "run" / "tools" / "mcp_1.log") as f:
+        assert "Traceback" in f.read()
     rows = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert len(rows) == 1
-    for name in ("picture", "broken"):
+    for name in ("picture", "swatch"):
         assert f"tools/{name}/calls" in rows[0], name
     assert all(r["tools/calls_per_episode"] > 0 and r["tools/episodes_calling_first"] > 0 for r in rows)
     assert sum(r["tools/picture/calls"] for r in rows) > 0 and sum(r["tools/errors/exception"] for r in rows) > 0
@@ -122,5 +128,6 @@ def test_tools_from_a_file_run_in_episodes_and_a_failure_is_shown_and_counted(tm
         samples = [json.loads(line) for line in f]
     calls = [c for s in samples for reply in s.get("tool_calls", []) for c in reply]
     assert any(c["name"] == "picture" and c["images"] == 1 and c["result"] == "a red square" for c in calls)
-    assert any(c["error"] == "exception" and c["result"] == "Error (exception): KeyError: 'pink'" for c in calls)
+    assert any(c["name"] == "swatch" and c["error"] == "exception" and c["result"].startswith("Error (exception): ")
+               for c in calls)
     assert all(s["output"].endswith("right") for s in samples)
