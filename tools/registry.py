@@ -8,4 +8,5 @@ TOOLS: Registry = Registry("tool", references=True)
 TOOLS.update({
     "zoom": "tools.visual:zoom",      # a named region of the observation image, shown at the whole image's size
     "crop": "tools.visual:crop",      # a pixel box of the observation image, shown at the whole image's size
+    "python": "tools.sandbox:python",  # the model's Python code in a sandboxed interpreter (tools/sandbox.py)
 })

@@ -1,20 +1,20 @@
-"""Tools through the CLI (a subprocess): a tool from a `file.py:fn` reference and an MCP stdio server's tool (started
-by the run) in the episodes of a file environment, image results shown in the next turn, a failing call shown to
-the model and counted in the metrics and the saved samples. (Every failure kind, in process: test_vlm_tools.py.)
+"""Tools through the CLI (a subprocess): a tool from a `file.py:fn` reference, an MCP stdio server's tool (started
+by the run) and the sandboxed Python tool in the episodes of a file environment, an image result shown in the next
+turn, a failing call shown to the model and counted in the metrics and the saved samples. (Every failure kind, in
+process: test_vlm_tools.py.)
 
-A random tiny model writes no tool calls, so the run starts from one taught to (teacher forcing on the policy's
-own scoring of scripted trajectories): it calls `picture` for a red square (an image and its name), then the MCP
-server's `swatch` for a pink one (which fails on the server: there is none), then answers "right", which the
-strict corridor takes. The run samples
-near-greedily (temperature 0.05), and the teaching stops once every taught token is the most likely one by a
-margin, so the run replays the taught replies."""
+A random tiny model writes no tool calls, so the run starts from one that was taught to (assets/tiny/tool_caller,
+teacher forcing on the policy's own scoring of scripted episodes): it calls `picture` for a red square (an image
+and its name), then the MCP server's `swatch` for a pink one (which fails on the server: there is none), then runs
+`print(6*7)` in the sandbox, then answers "right", which the strict corridor takes. The run samples near-greedily
+(temperature 0.02) and every taught token is the model's most likely one by a margin, so it replays those replies."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
+import warnings
 import subprocess
 import sys
 
@@ -30,6 +30,7 @@ HERE = os.path.dirname(__file__)
 CORRIDOR = os.path.join(HERE, "agent_env.py") + ":Corridor"
 TOOLS = os.path.join(HERE, "agent_tools.py")
 MCP_SERVER = os.path.join(os.path.dirname(HERE), "tools", "mcp_server.py")
+ASSET = os.path.join(REPO, "assets", "tiny", "tool_caller")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -37,67 +38,87 @@ def call(name: str, **arguments) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
-REPLIES = [call("picture", color="red"), call("swatch", color="pink"), "right"]
+REPLIES = [call("picture", color="red"), call("swatch", color="pink"), call("python", code="print(6*7)"), "right"]
 POLICY = dict(name="vlm", min_pixels=784, max_pixels=3136, max_prompt_tokens=4096, max_new_tokens=96,
-              logprob_chunk=16, format_prompt="none", lora={"rank": 0}, temperature=0.05)   # near-greedy: the taught replies
-ENV_SECTION = dict(name=CORRIDOR, length=4, strict=True, max_turns=3, max_tool_calls=7)
-MAX_STEPS = 300
-TOOL_LIST = [f"{TOOLS}:picture", {"mcp": f"{sys.executable} {MCP_SERVER}", "select": ["swatch"]}]
+              logprob_chunk=16, format_prompt="none", lora={"rank": 0}, temperature=0.02)   # near-greedy: the taught replies
+ENV_SECTION = dict(name=CORRIDOR, length=4, strict=True, max_turns=4, max_tool_calls=7)
+MAX_STEPS = 600
+TOOL_LIST = [f"{TOOLS}:picture", {"mcp": f"{sys.executable} {MCP_SERVER}", "select": ["swatch"]},
+             "python"]
 
 
-@pytest.fixture(scope="module")
-def tool_caller(tmp_path_factory):
-    """A tiny Qwen2.5-VL folder taught to write REPLIES, one per turn (module docstring; ~15 s)."""
+def _demonstrations(model: str, output_dir: str):
+    """The policy on `model` and one scripted episode (REPLIES, one per turn) per environment seed."""
     from mmrl.config import EnvConfig
     from mmrl.config.policies import BuildContext
     from mmrl.types import PromptBatch
     from vlm.policy import Config, LoraSection, build
-    from vlm.tiny import resolve_model
 
     env = EnvConfig(**{k: v for k, v in ENV_SECTION.items() if k not in ("length", "strict")},
                     kwargs={"length": 4, "strict": True})
     fields = {k: v for k, v in POLICY.items() if k not in ("name", "lora", "temperature")}
     torch.manual_seed(0)
-    policy = build(Config(model="tiny:qwen2_5_vl", lora=LoraSection(rank=0), **fields),
-                   BuildContext(device=torch.device("cpu"), seed=0, output_dir=str(tmp_path_factory.mktemp("sft")),
-                                precision="fp32", env=env, tools=tuple(TOOL_LIST)))
+    policy = build(Config(model=model, lora=LoraSection(rank=0), **fields),
+                   BuildContext(device=torch.device("cpu"), seed=0, output_dir=output_dir, precision="fp32", env=env,
+                                tools=tuple(TOOL_LIST)))
     tok, stop = policy.p.model.tokenizer, policy.p.tokens.stop_ids[0]
     real = policy.p.backend.sample_rows
 
     def scripted(contexts, spec, seeds, device):
         outs = real(contexts, spec, seeds, device)
-        texts = [REPLIES[min(scripted.k, 2)] for _ in outs]
+        texts = [REPLIES[min(scripted.k, len(REPLIES) - 1)] for _ in outs]
         scripted.k += 1
         return [(torch.tensor(tok(t, add_special_tokens=False).input_ids + [stop]), True) for t in texts]
 
-    rows = [{"env_seed": s} for s in range(2)]
     demos = []
-    for r in rows:                                   # one scripted episode per seed (its own call counter)
+    for seed in range(2):                            # one scripted episode per seed (its own call counter)
         scripted.k = 0
         policy.p.backend.sample_rows = scripted
-        demos.append(policy.rollout(PromptBatch(rows=[r], index=[0], seeds=[0], step=0), 1))
+        demos.append(policy.rollout(PromptBatch(rows=[{"env_seed": seed}], index=[0], seeds=[0], step=0), 1))
     policy.p.backend.sample_rows = real
+    return policy, demos
+
+
+def _sure(policy, ro, lp=None) -> bool:
+    """Every taught token is the model's most likely one by a margin (p > 0.75: its logit leads every other by
+    log 3, so sampling at temperature 0.02 picks it but for odds of e^-55)."""
+    if lp is None:
+        with torch.no_grad():
+            lp = policy.log_probs(ro, torch.tensor([0])).log_probs                  # [1, T]
+    return bool((lp.detach() + (1 - ro.mask)).min() > math.log(0.75))
+
+
+@pytest.fixture(scope="module")
+def tool_caller(tmp_path_factory):
+    """A tiny Qwen2.5-VL folder that writes REPLIES, one per turn: the asset (assets/tiny/tool_caller) when it still
+    does, else the asset (or tiny:qwen2_5_vl) taught until it does (teacher forcing on the policy's own scoring of the
+    demonstrations; a minute or more, so rebuild the asset: MMRL_WRITE_TOOL_CALLER=1 pytest <this file>)."""
+    start = ASSET if os.path.isdir(ASSET) else "tiny:qwen2_5_vl"
+    policy, demos = _demonstrations(start, str(tmp_path_factory.mktemp("demos")))
+    if start == ASSET and all(_sure(policy, ro) for ro in demos) and not os.environ.get("MMRL_WRITE_TOOL_CALLER"):
+        return ASSET
+    warnings.warn(f"assets/tiny/tool_caller no longer writes the demonstrations (or is missing): teaching {start}")
     model = policy.p.model.hf
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     model.train()
-    sure = []                  # per demo: every taught token the model's most likely by a margin (p > 0.75)
+    streak = 0                 # demos found sure in a row, with no step between: all are sure with these weights
     for it in range(MAX_STEPS):
         ro = demos[it % len(demos)]
         lp = policy.log_probs(ro, torch.tensor([0])).log_probs                     # [1, T]
+        if _sure(policy, ro, lp):
+            streak += 1
+            if streak == len(demos):
+                break
+            continue
+        streak = 0
         loss = -(lp * ro.mask).sum() / ro.mask.sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
-        sure = (sure + [bool((lp.detach() + (1 - ro.mask)).min() > math.log(0.75))])[-len(demos):]
-        if len(sure) == len(demos) and all(sure):
-            break
-    assert all(sure), f"the replies were not learned in {MAX_STEPS} steps (loss per token {float(loss):.3f})"
-    out = str(tmp_path_factory.mktemp("tool_caller"))
-    source = resolve_model("tiny:qwen2_5_vl")
-    for name in os.listdir(source):
-        if not name.endswith(".safetensors") and os.path.isfile(os.path.join(source, name)):
-            shutil.copy(os.path.join(source, name), out)
-    model.save_pretrained(out)
+    assert streak == len(demos), f"the replies were not learned in {MAX_STEPS} steps (loss per token {float(loss):.3f})"
+    out = ASSET if os.environ.get("MMRL_WRITE_TOOL_CALLER") else str(tmp_path_factory.mktemp("tool_caller"))
+    policy.p.model.hf.save_pretrained(out)
+    policy.p.model.processor.save_pretrained(out)
     return out
 
 
@@ -118,7 +139,7 @@ def test_a_file_tool_and_an_mcp_server_run_in_episodes_and_a_failure_is_shown_an
         assert "Traceback" in f.read()
     rows = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert len(rows) == 1
-    for name in ("picture", "swatch"):
+    for name in ("picture", "swatch", "python"):
         assert f"tools/{name}/calls" in rows[0], name
     assert all(r["tools/calls_per_episode"] > 0 and r["tools/episodes_calling_first"] > 0 for r in rows)
     assert sum(r["tools/picture/calls"] for r in rows) > 0 and sum(r["tools/errors/exception"] for r in rows) > 0
@@ -130,4 +151,5 @@ def test_a_file_tool_and_an_mcp_server_run_in_episodes_and_a_failure_is_shown_an
     assert any(c["name"] == "picture" and c["images"] == 1 and c["result"] == "a red square" for c in calls)
     assert any(c["name"] == "swatch" and c["error"] == "exception" and c["result"].startswith("Error (exception): ")
                for c in calls)
+    assert any(c["name"] == "python" and c["error"] is None and c["result"] == "42\n" for c in calls)
     assert all(s["output"].endswith("right") for s in samples)
