@@ -1,5 +1,6 @@
 """Tools through the CLI (a subprocess): a tool from a `file.py:fn` reference, an MCP stdio server's tool (started
-by the run) and the sandboxed Python tool in the episodes of a file environment, an image result shown in the next
+by the run) and the sandboxed Python tool in the episodes of a file environment, run by an asynchronous trainer's
+rollout worker (Ray), an image result shown in the next
 turn, a failing call shown to the model and counted in the metrics and the saved samples. (Every failure kind, in
 process: test_vlm_tools.py.)
 
@@ -129,7 +130,8 @@ def test_a_file_tool_and_an_mcp_server_run_in_episodes_and_a_failure_is_shown_an
            "rewards": [{"name": "env_return"}],
            "train": {"prompts_per_step": 2, "group_size": 2, "samples_per_microbatch": 2},
            "optim": {"lr": 1e-4}, "algo": {"filter": {"name": "none"}},
-           "eval": {"every": 0}, "checkpoint": {"every": 0}, "logging": {"save_samples_every": 1}}
+           "eval": {"every": 0}, "checkpoint": {"every": 0}, "logging": {"save_samples_every": 1},
+           "asynchronous": {"enabled": True, "max_staleness": 0, "cpus_per_worker": 1}}   # episodes in a rollout worker
     path = tmp_path / "tools.yaml"
     OmegaConf.save(OmegaConf.create(cfg), path)
     done = subprocess.run(mmrl_cmd("train", str(path)), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
@@ -138,7 +140,7 @@ def test_a_file_tool_and_an_mcp_server_run_in_episodes_and_a_failure_is_shown_an
     with open(tmp_path / "run" / "tools" / "mcp_1.log") as f:
         assert "Traceback" in f.read()
     rows = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
-    assert len(rows) == 1
+    assert len(rows) == 1 and "async/staleness/mean" in rows[0]              # trained from a Ray rollout worker
     for name in ("picture", "swatch", "python"):
         assert f"tools/{name}/calls" in rows[0], name
     assert all(r["tools/calls_per_episode"] > 0 and r["tools/episodes_calling_first"] > 0 for r in rows)
