@@ -14,7 +14,7 @@ import torch
 
 from mmrl.algorithms.advantages import weighted_total
 from mmrl.data import eval_seed
-from mmrl.episodes import EpisodeMeta, eval_success
+from mmrl.episodes import EpisodeMeta, eval_success, tool_metrics
 from mmrl.loop.ema import averaged_weights
 from mmrl.reporting.samples import write_samples, write_strip
 from mmrl.types import PromptBatch
@@ -90,6 +90,8 @@ class Evaluator:
         success = eval_success(samples) if self.episodes else None
         if success is not None:
             out["eval/success"] = success
+        if self.episodes:                                                       # held-out tool use (greedy episodes)
+            out.update({f"eval/{k}": float(m.value) for k, m in tool_metrics(samples).items()})
         if self.samples_dir is not None:
             path = os.path.join(self.samples_dir, f"eval_step_{step:06d}.jsonl")
             write_samples(path, samples, scores, labels, totals=total)

@@ -39,4 +39,4 @@ def test_agent_recipe_runs_one_step_with_a_tiny_model(recipe, tmp_path):
     assert row["step"] == 1 and "reward/env_return/mean" in row and "eval/success" in row
     for tool in base.tools:                                   # a recipe with tools logs their metrics
         name = tool if isinstance(tool, str) else tool["name"]
-        assert f"tools/{name}/calls" in row
+        assert f"tools/{name}/calls" in row and f"eval/tools/{name}/calls" in row
