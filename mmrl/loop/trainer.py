@@ -215,7 +215,7 @@ def setup(cfg: Config) -> Run:
     learner = Learner(policy=policy, optimizer=optimizer, scheduler=scheduler, params=params, accelerator=acc,
                       ema=build_ema(params, cfg.train), train=cfg.train, optim=cfg.optim, algo=cfg.algo, seed=cfg.seed)
     if cfg.asynchronous.enabled:          # rollout workers on Ray sample; these processes learn (mmrl.loop.asynchronous)
-        from mmrl.loop.asynchronous.controller import start
+        from mmrl.loop.asynchronous.launch import start
         from mmrl.loop.asynchronous.follower import Follower
 
         # the weights the rollouts sample with: DiffusionNFT's old copy, else the trained ones (FSDP2: shards)

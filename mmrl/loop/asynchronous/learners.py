@@ -7,7 +7,7 @@ actor is one process of the learner as torchrun would start it: it sets the laun
 MASTER_ADDR and MASTER_PORT of actor 0's node, LOCAL_RANK 0: an actor sees only the devices Ray gave it) and runs
 the same trainer (`mmrl.loop.trainer.train`, handed over by the driver), so DDP or FSDP2 run over torch.distributed
 between the actors as between torchrun's processes; process 0 drives the rollout and reward workers
-(`controller.start`, from inside its actor). The driver waits for all of them and stops the others as soon as one
+(`launch.start`, from inside its actor). The driver waits for all of them and stops the others as soon as one
 fails, raising its error.
 """
 
@@ -66,7 +66,7 @@ def train_on_ray(cfg, run) -> str:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from mmrl.config import to_yaml
-    from mmrl.loop.asynchronous.controller import check_resources
+    from mmrl.loop.asynchronous.launch import check_resources
 
     a = cfg.asynchronous
     n = a.learner_processes
