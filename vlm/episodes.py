@@ -30,6 +30,7 @@ tool calls included; `env.max_tool_calls` bounds the calls of an episode.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -88,6 +89,7 @@ class Trajectory:
     shown_features: list = field(default_factory=list)  # the encoder output observation k was first shown with
     tool_calls: list = field(default_factory=list)    # per reply: the `tools.CallRecord` dicts of its calls
     tool_names: tuple = ()                            # the run's tools (every episode lists them all, for metrics)
+    results_seen: str = ""                            # the tool results since the last environment step (state keys)
     actions: list = field(default_factory=list)
     rewards: list = field(default_factory=list)
     invalid: int = 0
@@ -155,11 +157,12 @@ class EpisodeRunner:
         """Record reply `turn` of `t`, step its environment (or answer its tool calls) and build what the model
         sees next."""
         reply = self.p.model.tokenizer.decode(tokens, skip_special_tokens=True)
-        t.states.append(state_key(t.obs))
+        t.states.append(state_key(t.obs, t.results_seen))      # after tool results: the observation and those
         if self.tools is not None and self.tools.has_calls(reply):
             self._tool_step(t, reply, tokens, ended, turn)
             return
         t.tool_calls.append([])
+        t.results_seen = ""
         action = extract_action(reply, self.tagged)
         valid, reward = action is not None, self.env_cfg.invalid_action_reward
         if valid:
@@ -205,6 +208,7 @@ class EpisodeRunner:
         used = sum(len(calls) for calls in t.tool_calls)
         records, results = self.tools.run(reply, t.obs, used)
         t.tool_calls.append([r.as_dict() for r in records])
+        t.results_seen += json.dumps(t.tool_calls[-1], sort_keys=True, default=str)
         seg = self._reply(t, reply, tokens, None, 0.0, turn)
         if not t.done:
             self._follow(t, seg, self.template.tool_turn(results, ended), None)
@@ -294,11 +298,13 @@ def _obs_key(obs: dict) -> tuple:
     return str(obs.get("text")), data
 
 
-def state_key(obs: dict) -> str:
-    """A short key of an observation (its text and image pixels): equal observations, equal keys
-    (GiGPO's anchor states, arXiv 2505.10978)."""
+def state_key(obs: dict, results: str = "") -> str:
+    """A short key of an observation (its text and image pixels) and of the tool `results` the model read since
+    the environment last moved: equal observations and results, equal keys (GiGPO's anchor states, arXiv
+    2505.10978); a reply after a tool's result is not in the state of the reply that called it."""
     text, data = _obs_key(obs)
-    return hashlib.sha1(text.encode() + b"\0" + (data or b"")).hexdigest()[:16]
+    extra = b"\0" + results.encode() if results else b""
+    return hashlib.sha1(text.encode() + b"\0" + (data or b"") + extra).hexdigest()[:16]
 
 
 def trajectory_meta(t: Trajectory, seed: int) -> dict:

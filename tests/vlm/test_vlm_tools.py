@@ -248,4 +248,6 @@ def test_tools_announced_in_the_first_prompt_and_reward_samples_keep_the_calls(t
     assert s.meta[EpisodeMeta.TOOL_CALLS][0] == [{"name": "lookup", "arguments": {"key": "left"}, "error": None,
                                                   "result": "go towards cell 0", "images": 0}]
     assert s.meta[EpisodeMeta.TOOL_CALLS][1] == []                               # the model's own reply: an env step
+    states = s.meta[EpisodeMeta.STATES]                  # GiGPO's anchor states: a reply after a result is another
+    assert states[0] != states[1] and len(set(states)) == len(states)
     json.dumps(s.meta[EpisodeMeta.TOOL_CALLS])                                   # written to samples/*.jsonl as is
