@@ -13,6 +13,8 @@ Randomness: the G trajectories of a group reset their environments with the grou
 first observation, same environment randomness for the same actions); reply j of the group at turn
 t draws from a generator seeded from (the prompt seed, j, t) only, and one generate call holds the
 live trajectories of one group only, so trajectories do not depend on the process split.
+With the whole history kept, each trajectory keeps its KV cache across turns and a turn prefills only the tokens
+the model has not read (`policy.cache_turns`, vlm/turn_cache.py), decoding one trajectory at a time.
 Interruptible rollouts (`asynchronous.interrupt`): each turn's generate call takes the newest weights at its start
 (between turns) and at each token boundary (inside a reply, `vlm.generation`); `Trajectory.reply_versions` holds
 each reply token's version.
@@ -90,6 +92,7 @@ class Trajectory:
     tool_calls: list = field(default_factory=list)    # per reply: the `tools.CallRecord` dicts of its calls
     tool_names: tuple = ()                            # the run's tools (every episode lists them all, for metrics)
     results_seen: str = ""                            # the tool results since the last environment step (state keys)
+    turn_cache: object = None                         # the KV cache of what the model read (vlm.turn_cache), or None
     actions: list = field(default_factory=list)
     rewards: list = field(default_factory=list)
     invalid: int = 0
@@ -271,6 +274,13 @@ class EpisodeRunner:
                 self._close_view(t)
             t.env.close()
 
+    def _caches_turns(self) -> bool:
+        """Keep each trajectory's KV cache across turns (vlm.turn_cache): policy.cache_turns, the whole history kept
+        (each context extends the last), and a backend that can."""
+        backend = self.p.backend
+        return (self.cfg.cache_turns and self.env_cfg.history_turns is None and hasattr(backend, "sample_turns")
+                and backend.caches_turns())
+
     def run(self, rows: list[dict], seeds: list[int], group_size: int, spec: SamplingSpec) -> list[Trajectory]:
         """Every row's G trajectories, row-major (trajectory j of row p at p * G + j)."""
         out = []
@@ -281,13 +291,21 @@ class EpisodeRunner:
                 if not live:
                     break
                 row_seeds = None if spec.greedy else [turn_seed(seed, j, turn) for j, _ in live]
-                outs = self.p.backend.sample_rows([x for _, x in live], spec, row_seeds, self.device)
+                if self._caches_turns():
+                    outs, states = self.p.backend.sample_turns([x for _, x in live], spec, row_seeds, self.device,
+                                                               [group[j].turn_cache for j, _ in live])
+                    for (j, _), state in zip(live, states):
+                        group[j].turn_cache = state
+                else:
+                    outs = self.p.backend.sample_rows([x for _, x in live], spec, row_seeds, self.device)
                 versions = getattr(self.p.backend, "last_versions", None)     # interruptible rollouts: per token
                 for i, ((j, _), (tokens, ended)) in enumerate(zip(live, outs)):
                     if versions is not None:
                         group[j].reply_versions.append(versions[i])
                     self.record(group[j], tokens, ended, turn)
             self.finish(group)
+            for t in group:
+                t.turn_cache = None                    # the caches live for one rollout's episodes
             out += group
         return out
 

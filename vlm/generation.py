@@ -242,6 +242,30 @@ class HFBackend:
         return [(torch.cat(parts[i]) if parts[i] else empty, ended[i], torch.cat(versions[i]) if versions[i] else empty)
                 for i in range(n)]
 
+    def caches_turns(self) -> bool:
+        """Whether `sample_turns` can keep trajectories' caches across turns: a verified model (vlm.prefix), no
+        lockstep decoding across ranks, and no interruptible rollouts (new weights would void a cache)."""
+        return not self.synced and self.check is None and reason_unshared(self.hf) is None
+
+    @torch.no_grad()
+    def sample_turns(self, rows: list, spec: SamplingSpec, row_seeds: list[int] | None, device,
+                     states: list) -> tuple[list, list]:
+        """Like `sample_rows` for the live trajectories of a group, each continuing its KV cache from the last turn
+        (`states`, None for a fresh one; vlm.turn_cache): ([(completion tokens, ended_with_stop)], new states)."""
+        from vlm.turn_cache import sample_turns
+
+        was_training = self.hf.training
+        self.hf.eval()
+        try:
+            gens = None if spec.greedy else [torch.Generator().manual_seed(s) for s in row_seeds]
+            replies, states = sample_turns(self.hf, rows, states, self._kwargs(spec, gens)["logits_processor"],
+                                           spec.max_new_tokens, self.stop_ids, self.pad_id, self.image_token_id,
+                                           device)
+            self.last_versions = None
+            return [_trim(r, self.stop_ids) for r in replies], states
+        finally:
+            self.hf.train(was_training)
+
     @torch.no_grad()
     def sample_rows(self, rows: list, spec: SamplingSpec, row_seeds: list[int] | None, device) -> list:
         """One generate call over `rows` (PromptInputs, left-padded together), row r drawing from a generator

@@ -86,6 +86,7 @@ class Config:
     top_p: float = 1.0
     top_k: int = 0                        # 0 = off
     share_prefix_generation: bool = True  # prefill each prompt once, decode its G rows from copies of its KV cache (vlm.prefix; verified models)
+    cache_turns: bool = True              # episodes with env.history_turns=null: each trajectory keeps its KV cache across turns and prefills only the new tokens (vlm.turn_cache; HF backend, verified models)
     generate_rows_per_call: int = 0       # rows per generate call; 0 = one prompt's G rows (> G: whole prompts, left-padded together: faster, no longer split-independent to the bit; mmrl.distributed.determinism)
     eval_max_new_tokens: int = 0          # greedy evaluation length; 0 = max_new_tokens
     allowed_special_tokens: List[str] = field(default_factory=list)  # special tokens generation may emit (all others but EOS are blocked)

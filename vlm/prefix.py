@@ -144,17 +144,28 @@ def decode(hf, batch: dict, index: torch.Tensor, processors, max_new_tokens: int
     scores, as `generate(do_sample=False, logits_processor=processors)` does; rows that reached a stop
     token are padded with `pad_id`; decoding stops when every row has, or after a token where `stop()`
     (a stopping criterion, called once per token boundary) returns True."""
-    head, device = hf.get_output_embeddings(), batch["input_ids"].device
+    device = batch["input_ids"].device
     index = index.to(device)
-    n = int(index.numel())
     prompt_mask = batch["attention_mask"][index]                                        # [n, L]
     start = prompt_mask.sum(1)                                                          # [n] real prompt tokens
-    padded = not bool(prompt_mask.all())
     delta = rope_delta(hf, batch)[index]                                                # [n]
     last, cache = prefill(hf, batch)                                                     # [P, L, H]
     cache.batch_select_indices(index)
-    hidden = last[index, -1:]                                                           # [n, 1, H]
-    seq = batch["input_ids"][index]                                                     # [n, L + t] for the processors
+    return decode_from(hf, last[index, -1:], cache, batch["input_ids"][index], start, delta,
+                       None if bool(prompt_mask.all()) else prompt_mask, processors, max_new_tokens, stop_ids,
+                       pad_id, stop)
+
+
+@torch.no_grad()
+def decode_from(hf, hidden: torch.Tensor, cache, seq: torch.Tensor, start: torch.Tensor, delta: torch.Tensor,
+                prompt_mask: torch.Tensor | None, processors, max_new_tokens: int, stop_ids: list, pad_id: int,
+                stop=None) -> torch.Tensor:
+    """The decode loop of `decode` from a cache of n rows: `hidden` [n, 1, H] predicts each row's first token,
+    `seq` [n, L] the tokens so far (for the processors), `start` [n] the real tokens cached, `delta` [n] the text
+    positions' offset, `prompt_mask` [n, L] when rows are left-padded (else None). Returns [n, t]; each token
+    but the last is fed to the cache."""
+    head, device = hf.get_output_embeddings(), seq.device
+    n = int(seq.shape[0])
     live = torch.ones(n, dtype=torch.bool, device=device)                               # [n]
     stops = torch.tensor(stop_ids, device=device)
     new = []
@@ -167,7 +178,7 @@ def decode(hf, batch: dict, index: torch.Tensor, processors, max_new_tokens: int
         if not live.any() or t == max_new_tokens - 1 or (stop is not None and stop()):
             break
         mask = None
-        if padded:
+        if prompt_mask is not None:
             mask = torch.cat([prompt_mask, torch.ones(n, t + 1, dtype=prompt_mask.dtype, device=device)], 1)
         hidden = continue_rows(hf, cache, token[:, None], positions(hf, start + t, 1, delta), mask)   # [n, 1, H]
     return torch.stack(new, 1)                                                          # [n, t]

@@ -154,7 +154,7 @@ def test_the_tools_section_loads(tmp_path):
 
 
 @pytest.mark.parametrize("tools, extra, message", [
-    (["nope"], {}, re.escape("config key 'tools[0].name': unknown tool 'nope'; valid names: crop, zoom")),
+    (["nope"], {}, re.escape("config key 'tools[0].name': unknown tool 'nope'; valid names: crop, python, zoom")),
     ([f"{TOOLS_FILE}:missing"], {}, re.escape("config key 'tools[0].name':") + ".*has no attribute 'missing'"),
     ([{"name": f"{TOOLS_FILE}:picture", "colour": 1}], {},
      re.escape("config key 'tools[0]': tool '") + ".*takes no setting 'colour'; its settings .*: size"),

@@ -63,20 +63,20 @@ def _demonstrations(model: str, output_dir: str):
                    BuildContext(device=torch.device("cpu"), seed=0, output_dir=output_dir, precision="fp32", env=env,
                                 tools=tuple(TOOL_LIST)))
     tok, stop = policy.p.model.tokenizer, policy.p.tokens.stop_ids[0]
-    real = policy.p.backend.sample_rows
+    backend = policy.p.backend
 
-    def scripted(contexts, spec, seeds, device):
-        outs = real(contexts, spec, seeds, device)
-        texts = [REPLIES[min(scripted.k, len(REPLIES) - 1)] for _ in outs]
+    def scripted(contexts, spec, seeds, device, states=None):      # sample_rows and sample_turns, replaced
+        texts = [REPLIES[min(scripted.k, len(REPLIES) - 1)] for _ in contexts]
         scripted.k += 1
-        return [(torch.tensor(tok(t, add_special_tokens=False).input_ids + [stop]), True) for t in texts]
+        outs = [(torch.tensor(tok(t, add_special_tokens=False).input_ids + [stop]), True) for t in texts]
+        return outs if states is None else (outs, [None] * len(contexts))
 
     demos = []
     for seed in range(2):                            # one scripted episode per seed (its own call counter)
         scripted.k = 0
-        policy.p.backend.sample_rows = scripted
+        backend.sample_rows = backend.sample_turns = scripted
         demos.append(policy.rollout(PromptBatch(rows=[{"env_seed": seed}], index=[0], seeds=[0], step=0), 1))
-    policy.p.backend.sample_rows = real
+    del backend.sample_rows, backend.sample_turns                 # the class's own methods again
     return policy, demos
 
 
