@@ -14,7 +14,7 @@ first observation, same environment randomness for the same actions); reply j of
 t draws from a generator seeded from (the prompt seed, j, t) only, and one generate call holds the
 live trajectories of one group only, so trajectories do not depend on the process split.
 With the whole history kept, each trajectory keeps its KV cache across turns and a turn prefills only the tokens
-the model has not read (`policy.cache_turns`, vlm/turn_cache.py), decoding one trajectory at a time.
+the model has not read (`policy.cache_turns`, vlm/turn_cache.py); a turn's replies are still decoded together.
 Interruptible rollouts (`asynchronous.interrupt`): each turn's generate call takes the newest weights at its start
 (between turns) and at each token boundary (inside a reply, `vlm.generation`); `Trajectory.reply_versions` holds
 each reply token's version.

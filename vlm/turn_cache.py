@@ -11,9 +11,10 @@ runs the model over the new tokens only:
              once when the segment was built) and the positions a forward over the whole context gives them
              (Qwen2.5-VL's multimodal RoPE: `get_rope_index` over the whole context; 1-D: their offsets)
 
-then decodes the replies of the group's live trajectories together, their caches left-padded into one (as prompts
-of different lengths are for `generate`). The first turn of a group prefills the shared first prompt once. A context that is not the cached one extended (a history window that moved)
-is prefilled afresh. Generation only: a trajectory is still scored by one forward over its whole sequence
+The group's continued trajectories run their new tokens in one forward, and their replies are decoded together,
+their caches left-padded into one (as prompts of different lengths are for `generate`); each trajectory's own
+cache is cut back out afterwards. The first turn of a group prefills the shared first prompt once. A context that
+is not the cached one extended (a history window that moved) is prefilled afresh. Generation only: a trajectory is still scored by one forward over its whole sequence
 (vlm/trajectory.py), so the trained log-probs, and the on-policy ratio of exactly 1, do not depend on the cache.
 """
 
