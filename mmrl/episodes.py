@@ -37,7 +37,6 @@ class EpisodeMeta:
     TOOLS = "tools"                      # list[str]: the run's tool names (the same in every sample)
 
 
-TOOL_ERRORS = ("malformed", "unknown_tool", "bad_arguments", "timeout", "exception", "limit")   # tools.box.ERROR_KINDS
 
 
 def train_records(env) -> list[dict]:
@@ -85,7 +84,9 @@ def episode_metrics(samples: list, total: torch.Tensor, group_size: int) -> dict
 def tool_metrics(samples: list) -> dict[str, Metric]:
     """Tool use of one round of trajectories (empty when the run has no tools): calls per episode, the share of
     episodes that call a tool before their first environment action, calls per tool and errors per episode
-    (all and by kind, `TOOL_ERRORS`). The keys depend on the run's tools only, so every process logs the same."""
+    (all and by kind, `tools.ERROR_KINDS`). The keys depend on the run's tools only, so every process logs the same."""
+    from tools import ERROR_KINDS
+
     metas = [s.meta for s in samples if isinstance(s.meta, dict)]
     names = sorted({n for m in metas for n in m.get(EpisodeMeta.TOOLS, [])})
     if not names:
@@ -100,7 +101,7 @@ def tool_metrics(samples: list) -> dict[str, Metric]:
     out = {"tools/calls_per_episode": weighted_mean(len(calls) / max(n, 1), n),
            "tools/episodes_calling_first": weighted_mean(sum(first_calls(m) for m in metas) / max(n, 1), n),
            "tools/errors": weighted_mean(sum(c["error"] is not None for c in calls) / max(n, 1), n)}
-    for kind in TOOL_ERRORS:
+    for kind in ERROR_KINDS:
         out[f"tools/errors/{kind}"] = weighted_mean(sum(c["error"] == kind for c in calls) / max(n, 1), n)
     for name in names:
         out[f"tools/{name}/calls"] = weighted_mean(sum(c["name"] == name for c in calls) / max(n, 1), n)

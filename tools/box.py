@@ -74,17 +74,24 @@ def parse_tools(entries: list, key: str = "tools") -> list[ToolSpec]:
         if not isinstance(e, dict) or not isinstance(e.get("name"), str) or not e["name"].strip():
             raise ValueError(f"config key '{key}[{i}]' must be a mapping with a 'name' (a registered tool: "
                              f"{TOOLS.valid()}), got {e!r}")
-        try:
-            timeout, chars = float(e.get("timeout_s", 10.0)), int(e.get("max_chars", 2000))
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"config key '{key}[{i}]' ({e['name']}): timeout_s and max_chars must be numbers: {err}") from None
-        if timeout <= 0 or chars < 1:
-            raise ValueError(f"config key '{key}[{i}]' ({e['name']}): timeout_s must be > 0 and max_chars >= 1, "
-                             f"got {timeout:g} and {chars}")
+        timeout, chars = _limits(e, f"config key '{key}[{i}]' ({e['name']})")
         label = e.get("label")
         specs.append(ToolSpec(e["name"], None if label is None else str(label), timeout, chars,
                               {k: v for k, v in e.items() if k not in RESERVED}))
     return specs
+
+
+def _limits(e: dict, where: str, extra: tuple[str, ...] = ()) -> tuple[float, int]:
+    """An entry's (timeout_s, max_chars), checked; `extra`: more keys that must be numbers."""
+    try:
+        timeout, chars = float(e.get("timeout_s", 10.0)), int(e.get("max_chars", 2000))
+        for k in extra:
+            float(e.get(k, 0.0))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {', '.join(('timeout_s',) + extra)} and max_chars must be numbers: {err}") from None
+    if timeout <= 0 or chars < 1:
+        raise ValueError(f"{where}: timeout_s must be > 0 and max_chars >= 1, got {timeout:g} and {chars}")
+    return timeout, chars
 
 
 def _mcp_spec(e: dict, key: str) -> ToolSpec:
@@ -94,13 +101,7 @@ def _mcp_spec(e: dict, key: str) -> ToolSpec:
     select = e.get("select")
     if select is not None and (not isinstance(select, list) or not all(isinstance(n, str) for n in select)):
         raise ValueError(f"config key '{key}.select' must be a list of the server's tool names, got {select!r}")
-    try:
-        timeout, chars = float(e.get("timeout_s", 10.0)), int(e.get("max_chars", 2000))
-        float(e.get("startup_timeout_s", 30.0))
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"config key '{key}': timeout_s, startup_timeout_s and max_chars must be numbers: {err}") from None
-    if timeout <= 0 or chars < 1:
-        raise ValueError(f"config key '{key}': timeout_s must be > 0 and max_chars >= 1, got {timeout:g} and {chars}")
+    timeout, chars = _limits(e, f"config key '{key}'", ("startup_timeout_s",))
     if e.get("env") is not None and not isinstance(e["env"], dict):
         raise ValueError(f"config key '{key}.env' must be a mapping of environment variables, got {e['env']!r}")
     return ToolSpec(f"mcp:{e['mcp']}", None, timeout, chars, {}, dict(e))
@@ -138,7 +139,7 @@ def build_tools(specs: list[ToolSpec], key: str = "tools", index: list[int] | No
     tools, names = [], {}
     for i, s in zip(index or range(len(specs)), specs):
         if s.mcp is not None:
-            for tool in mcp_tools(s.mcp, f"{key}[{i}]", log_dir):
+            for tool in mcp_tools(s.mcp, f"{key}[{i}]", s.timeout_s, s.max_chars, log_dir):
                 if tool.name in names:
                     raise ValueError(f"config key '{key}[{i}]': the MCP server's tool {tool.name!r} has the name of "
                                      f"tools[{names[tool.name]}]'s; offer a subset with 'select:' or relabel the other")

@@ -52,7 +52,7 @@ def check_target(target, key: str) -> None:
     argv = command_of(target) if target else []
     if not argv:
         raise ValueError(f"config key '{key}': expected a command that starts an MCP stdio server (e.g. "
-                         "'python my_server.py') or an http(s):// URL of a running one, got {target!r}")
+                         f"'python my_server.py') or an http(s):// URL of a running one, got {target!r}")
     if shutil.which(argv[0]) is None:
         raise ValueError(f"config key '{key}': the MCP server's program {argv[0]!r} is not found on PATH")
     missing = [a for a in argv[1:] if a.endswith(".py") and not os.path.exists(a)]
@@ -186,9 +186,10 @@ def _parts(content: list) -> list[Any]:
     return out
 
 
-def mcp_tools(entry: dict, key: str, log_dir: str | None = None) -> list[McpTool]:
-    """Start (or connect to) the server of a `tools:` entry and wrap the tools it lists (`select`: a subset).
-    `log_dir`: where a stdio server's stderr goes (`mcp_<entry index>.log`); None: the run's stderr."""
+def mcp_tools(entry: dict, key: str, timeout_s: float, max_chars: int, log_dir: str | None = None) -> list[McpTool]:
+    """Start (or connect to) the server of a `tools:` entry and wrap the tools it lists (`select`: a subset), each
+    call bounded by `timeout_s` and its text by `max_chars`. `log_dir`: where a stdio server's stderr goes
+    (`mcp_<entry index>.log`); None: the run's stderr."""
     index = key.rsplit("[", 1)[-1].rstrip("]")
     log = os.path.join(log_dir, f"mcp_{index}.log") if log_dir else None
     server = McpServer(entry["mcp"], entry.get("env"), entry.get("cwd"), float(entry.get("startup_timeout_s", 30)), key,
@@ -202,5 +203,4 @@ def mcp_tools(entry: dict, key: str, log_dir: str | None = None) -> list[McpTool
             raise ValueError(f"config key '{key}.select': the MCP server {entry['mcp']!r} has no tool {missing[0]!r}; "
                              f"its tools: {', '.join(listed) or 'none'}")
     names = list(select) if select is not None else list(listed)
-    return [McpTool(server, listed[n], float(entry.get("timeout_s", 10.0)), int(entry.get("max_chars", 2000)))
-            for n in names]
+    return [McpTool(server, listed[n], timeout_s, max_chars) for n in names]

@@ -181,12 +181,18 @@ def has_network_namespace() -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1)
+def _identity() -> tuple[list[str], tuple[int, int] | None]:
+    """(Python's folders the code may read, the (uid, gid) it runs as or None for this process's), once per process."""
+    readable = _readable()
+    return readable, _nobody() if os.getuid() == 0 and _open_to_others(readable) else None
+
+
 def run_code(code: str, *, cpu_s: float = 5, wall_s: float = 8, memory_mb: int = 1024, file_mb: int = 16,
              processes: int = 16) -> tuple[str, int]:
     """Run `code` in the sandbox (module docstring); returns (stdout + stderr, exit status).
     ToolFailed(timeout) past `cpu_s` or `wall_s`, ToolFailed(exception) when killed by another signal."""
-    readable = _readable()
-    user = _nobody() if os.getuid() == 0 and _open_to_others(readable) else None
+    readable, user = _identity()
     uid = user[0] if user else os.getuid()
     scratch = tempfile.mkdtemp(prefix="mmrl-sandbox-")
     out_dir = tempfile.mkdtemp(prefix="mmrl-sandbox-out-")

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from vlm.features import Encoded, base_model, merge
-from vlm.prefix import _cache_kwarg, _mrope, decode_from, prefill, prefix_batch, rope_delta
+from vlm.prefix import _cache_kwarg, _mrope, decode_from, mrope_index, prefill, prefix_batch, rope_delta
 
 
 @dataclass(eq=False)
@@ -61,18 +61,12 @@ def _new_features(x, cached: int, image_token_id: int | None):
 def _positions(hf, x, cached: int, pad_id: int, image_token_id: int | None, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions of x's tokens from `cached` on, as a forward over all of x gives them; delta [1] of the text
     positions after x)."""
-    n = int(x.input_ids.numel())
-    if not _mrope(hf):
-        return torch.arange(cached, n, device=device)[None], torch.zeros(1, dtype=torch.long, device=device)
-    batch = prefix_batch(x, pad_id, image_token_id, device)
-    batch.pop("mm_encoder_outputs", None)
-    grid, types = batch.get("image_grid_thw"), batch.get("mm_token_type_ids")
-    if grid is None or types is None:                 # no image in the whole context: 1-D positions on 3 axes
-        steps = torch.arange(cached, n, device=device)[None]
-        return steps.expand(3, -1, -1), torch.zeros(1, dtype=torch.long, device=device)
-    pos, delta = base_model(hf).get_rope_index(batch["input_ids"], image_grid_thw=grid, video_grid_thw=None,
-                                               attention_mask=batch["attention_mask"], mm_token_type_ids=types)
-    return pos[:, :, cached:], delta.view(-1).to(device)
+    index = mrope_index(hf, prefix_batch(x, pad_id, image_token_id, device)) if _mrope(hf) else None
+    if index is not None:
+        pos, delta = index
+        return pos[:, :, cached:], delta
+    steps = torch.arange(cached, int(x.input_ids.numel()), device=device)[None]       # 1-D (on 3 axes for mrope)
+    return (steps.expand(3, -1, -1) if _mrope(hf) else steps), torch.zeros(1, dtype=torch.long, device=device)
 
 
 def extend(hf, state: TurnCache, x, pad_id: int, image_token_id: int | None, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +99,7 @@ def extend_rows(hf, states: list, rows: list, pad_id: int, image_token_id: int |
         new_mask[i, width_m - m:] = 1
         p, delta = _positions(hf, x, c, pad_id, image_token_id, device)               # [3, 1, m] or [1, m]
         if mrope:
-            pos[:, i, width_m - m:] = p[:, 0].expand(3, -1) if p.dim() == 3 else p[0]
+            pos[:, i, width_m - m:] = p[:, 0]
         else:
             pos[i, width_m - m:] = p[0]
         deltas.append(delta)

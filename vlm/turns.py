@@ -81,6 +81,7 @@ class TurnTemplate:
                              f"end-of-turn token {eos_text!r} generation stops at; multi-turn episodes need both")
         self.tail = after_reply[len(eos_text):]                            # what follows the end-of-turn token
         self.turn_text("")                                                 # fail early on a template that cannot
+        self.tool_format, self.tool_schemas, self.native_tools = None, [], False     # `use_tools`
 
     def _render(self, messages: list, generation_prompt: bool, tools: list | None = None) -> str:
         kwargs = {"tools": tools} if tools else {}
@@ -113,7 +114,7 @@ class TurnTemplate:
         `features`: the image's encoder output when it was already encoded (else it is encoded now).
         With tools (`use_tools`) the system message announces them."""
         images = [self._image(image)] if image is not None else []
-        schemas = getattr(self, "tool_schemas", None)
+        schemas = self.tool_schemas
         if schemas and not self.native_tools:
             system = self.tool_format.system_text(system or DEFAULT_SYSTEM, schemas)
         messages = build_messages(text, len(images), system)

@@ -64,7 +64,7 @@ def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[s
             task = (s.meta or {}).get("task")
             if isinstance(task, str):
                 row["task"] = task
-            calls = (s.meta or {}).get(EpisodeMeta.TOOL_CALLS) if isinstance(s.meta, dict) else None
+            calls = s.meta.get(EpisodeMeta.TOOL_CALLS) if isinstance(s.meta, dict) else None
             if calls and any(calls):
                 row["tool_calls"] = calls          # per reply: {name, arguments, error, result, images}
             if totals is not None:

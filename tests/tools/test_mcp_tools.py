@@ -98,7 +98,7 @@ def test_a_select_naming_no_tool_of_the_server_is_refused():
 @pytest.mark.parametrize("entry, message", [
     ({"mcp": "no-such-program --x"}, "config key 'tools\\[0\\].mcp': the MCP server's program 'no-such-program' is not found"),
     ({"mcp": f"{sys.executable} missing_server.py"}, "the MCP server's script 'missing_server.py' does not exist"),
-    ({"mcp": ""}, "config key 'tools\\[0\\].mcp': expected a command"),
+    ({"mcp": ""}, "config key 'tools\\[0\\].mcp': expected a command .* got ''$"),
     ({"mcp": "python s.py", "label": "x"}, "config key 'tools\\[0\\].label': not a key of an MCP entry"),
     ({"mcp": "python s.py", "select": "add"}, "config key 'tools\\[0\\].select' must be a list"),
 ])
