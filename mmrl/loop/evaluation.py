@@ -28,9 +28,24 @@ def _episode_strip(path: str, sample) -> None:
     images = list(sample.images) + ([final] if final is not None else [])
     if not images:
         return
-    moves = [a if a is not None else "(invalid)" for a in meta.get(EpisodeMeta.ACTIONS, [])]
     end = "solved" if meta.get(EpisodeMeta.SUCCESS) else "not solved"
-    write_strip(path, images, moves + [end])
+    write_strip(path, images, reply_labels(meta) + [end])
+
+
+def _call_label(call: dict) -> str:
+    arguments = call.get("arguments")
+    shown = ", ".join(str(v) for v in arguments.values()) if isinstance(arguments, dict) else "..."
+    return f"{call.get('name') or '?'}({shown})"
+
+
+def reply_labels(meta: dict) -> list[str]:
+    """One label per reply of an episode: its tool calls (`zoom(top-right)`), else its action, else "(invalid)"."""
+    calls = meta.get(EpisodeMeta.TOOL_CALLS) or []
+    labels = []
+    for i, action in enumerate(meta.get(EpisodeMeta.ACTIONS, [])):
+        made = calls[i] if i < len(calls) else []
+        labels.append("; ".join(map(_call_label, made)) if made else action if action is not None else "(invalid)")
+    return labels
 
 
 def _by_task(samples: list, total: torch.Tensor) -> dict:

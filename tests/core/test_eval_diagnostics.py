@@ -41,3 +41,17 @@ def test_a_bad_diagnostic_is_a_config_error_at_load(tmp_path, entry, words, band
         check_all(bandit_cfg(tmp_path, f"eval.diagnostics={entry}"))
     for w in words:
         assert w in str(err.value)
+
+
+def test_the_episode_strip_labels_a_tool_call_by_the_call_not_as_invalid():
+    from mmrl.episodes import EpisodeMeta
+    from mmrl.loop.evaluation import reply_labels
+
+    meta = {EpisodeMeta.ACTIONS: [None, "circle", None],
+            EpisodeMeta.TOOL_CALLS: [[{"name": "zoom", "arguments": {"region": "top-right"}}], [],
+                                     []]}
+    assert reply_labels(meta) == ["zoom(top-right)", "circle", "(invalid)"]
+    malformed = {EpisodeMeta.ACTIONS: [None], EpisodeMeta.TOOL_CALLS: [[{"name": "", "arguments": None},
+                                                                         {"name": "crop", "arguments": {"x1": 1, "y1": 2}}]]}
+    assert reply_labels(malformed) == ["?(...); crop(1, 2)"]
+    assert reply_labels({EpisodeMeta.ACTIONS: ["left", None]}) == ["left", "(invalid)"]     # a run without tools
