@@ -37,8 +37,6 @@ class EpisodeMeta:
     TOOLS = "tools"                      # list[str]: the run's tool names (the same in every sample)
 
 
-
-
 def train_records(env) -> list[dict]:
     """The training 'dataset': one record per training seed."""
     return [{SEED_KEY: i} for i in range(env.train_seeds)]

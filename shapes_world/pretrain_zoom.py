@@ -139,11 +139,11 @@ def see(model, processor, args) -> dict:
 def held_out(policy, cfg, n: int) -> dict:
     """Greedy accuracy and zoom share on the first n held-out scenes, and sampled (4 per scene) accuracy overall,
     of the episodes that zoomed first and of those that answered at once, by the RL adapter."""
-    from mmrl.episodes import eval_records
+    from mmrl.episodes import EpisodeMeta, eval_records
     from mmrl.types import PromptBatch
 
     def zoomed(s) -> bool:
-        calls = s.meta.get("tool_calls") or [[]]
+        calls = s.meta.get(EpisodeMeta.TOOL_CALLS) or [[]]
         return bool(calls[0])
 
     batch = PromptBatch(rows=eval_records(cfg.env, n), index=list(range(n)), seeds=list(range(n)), step=-1)

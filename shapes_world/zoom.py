@@ -6,10 +6,9 @@ The question names a quadrant that holds one: "What shape is in the upper left c
 kind (circle, square or triangle). The kinds are drawn so that each is the answer equally often, so a constant
 answer is right a third of the time. The policy shows images at 112 x 112 (`policy.max_pixels`), where a 24-32
 pixel shape becomes 12-16 pixels, about half an image token; `zoom(region)` (tools/visual.py) with the
-question's quadrant shows that quadrant at 112 x 112, where the shape has its full 24-32 pixels, as large as the
-shapes the shapes-world VLM learned to see. (The question names the quadrant, not a
-colour: an image token carries what is in its part of the picture, not where that part is, so "where is the
-red one" is a lesson of its own for a model this small.)
+question's quadrant shows that quadrant at 112 x 112, where the shape has its full 24-32 pixels. (The question
+names the quadrant, not a colour: an image token carries what is in its part of the picture, not where that part
+is, so "where is the red one" is a lesson of its own for a model this small.)
 
 One episode is one question: the reply `<answer> kind </answer>` ends it, with reward 1 when the kind is the
 asked shape's (`info["success"]`), else 0. Tool calls in between do not move the environment.
@@ -29,8 +28,6 @@ from shapes_world.scene import COLORS, SHAPES, Scene, Shape, render
 
 QUADRANTS = ("top-left", "top-right", "bottom-left", "bottom-right")   # tools/visual.py's region names
 INSTRUCTIONS = "Name the kind of the shape in the asked corner: circle, square or triangle."
-
-
 # the question's words for a quadrant: not the region names, which the zoom tool's description lists too, so the
 # words point at one quadrant in the whole context
 QUADRANT_WORDS = {"top-left": "upper left", "top-right": "upper right", "bottom-left": "lower left",
@@ -70,7 +67,8 @@ class ZoomScenes(gym.Env):
             raise ValueError(f"ZoomScenes: need 1 <= min_objects <= max_objects <= 4 (one shape per quadrant), "
                              f"not {min_objects} and {max_objects}")
         if int(size) < 96:
-            raise ValueError(f"ZoomScenes: size must be at least 96 pixels (a quadrant holds a 28-pixel shape), not {size}")
+            raise ValueError(f"ZoomScenes: size must be at least 96 pixels (a quadrant holds a shape of up to 32 "
+                             f"pixels with a margin), not {size}")
         self.size, self.min_objects, self.max_objects = int(size), int(min_objects), int(max_objects)
         self.render_mode = render_mode
         self.instructions = INSTRUCTIONS

@@ -1,8 +1,8 @@
 """The zoom agent VLM of `configs/tiny/agent_zoom.yaml`: a tiny Qwen2.5-VL with a tokenizer over the words of
 the zoom task's episodes, the `zoom` tool's announcement and its calls included.
 
-Built offline, in code, with a fixed seed from the recipes of `vlm/tiny.py` (the shapes world's config recipe,
-`shapes_world.vlm_model`, with its own corpus), then pretrained by `python -m shapes_world.pretrain_zoom` and
+Built offline, in code, with a fixed seed by the shapes world's recipe (`shapes_world.vlm_model.build`, with its
+own corpus), then pretrained by `python -m shapes_world.pretrain_zoom` and
 committed as `assets/tiny/zoom_agent`.
 Images: every image (the 224x224 scene, and each zoomed quadrant) is shown at MODEL_SIDE x MODEL_SIDE
 (policy.min_pixels = max_pixels = 112**2): 8x8 patches of 14 px merged 2x2 into 16 image tokens. The vision
@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 
-import torch
-
+from shapes_world import vlm_model
 from shapes_world.scene import SHAPES
 from shapes_world.vlm_model import save  # noqa: F401  (the same save_pretrained layout)
 from shapes_world.zoom import INSTRUCTIONS, QUADRANTS, question
 from vlm import tiny
 
 FORMAT_PROMPT = "{prompt} Reply as <answer> shape </answer>."
-MODEL_SIDE = 112
+MODEL_SIDE = vlm_model.MODEL_SIDE      # 112
 VOCAB_SIZE = 800
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]   # one token each, as in Qwen2.5
 
@@ -52,18 +51,8 @@ def corpus() -> list[str]:
 
 
 def build(seed: int = 0):
-    """(model, processor): a randomly initialised tiny Qwen2.5-VL (the shapes world's recipe) over this corpus's
-    tokenizer, its processor showing images at MODEL_SIDE x MODEL_SIDE, with room for 1024 positions."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
+    """(model, processor): a randomly initialised tiny Qwen2.5-VL (the shapes world's recipe, `vlm_model.build`,
+    with a 3-block vision tower) over this corpus's tokenizer, with room for 1024 positions."""
     tok = tiny.qwen2_5_vl_tokenizer(corpus(), VOCAB_SIZE)
     tok.add_tokens(TOOL_TAGS + list(QUADRANTS))   # a region is one token: naming it is one choice, not three
-    processor = tiny.qwen2_5_vl_processor(tok, MODEL_SIDE * MODEL_SIDE, MODEL_SIDE * MODEL_SIDE)
-    cfg = tiny.qwen2_5_vl_config(tok, text=dict(max_position_embeddings=1024, tie_word_embeddings=True),
-                                 vision=dict(depth=3, intermediate_size=256, window_size=MODEL_SIDE,
-                                             fullatt_block_indexes=[0, 1, 2]))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(cfg)
-    tiny.set_generation_ids(model, tok)
-    return model, processor
+    return vlm_model.build(seed, tok, max_positions=1024, vision={"depth": 3, "fullatt_block_indexes": [0, 1, 2]})
