@@ -26,6 +26,19 @@ The contract the multi-turn rollout relies on. An environment is a `gymnasium.En
   `metadata = {"render_modes": ["rgb_array", "ansi"]}`, and `render()` returning the current image
   as an HxWx3 uint8 array ("rgb_array") or the text grid ("ansi").
 
+Several roles (multi-agent episodes; `mmrl.roles`). An environment with a `roles: tuple[str, ...]`
+attribute is played by several policies, one per role (the config's `env.roles` names which plays which):
+
+- `reset(seed=...) -> (obs, info)` and `step(actions) -> (obs, reward, terminated, truncated, info)` where
+  `obs` maps each role that acts next to its own observation ({"text", "image"}) and `actions` maps each
+  role that was asked to act to its action text (None when its reply held no action). Roles in turn: one
+  role in `obs`; at once: several.
+- `reward` is a float (the team's: every role receives it) or a dict role -> float (each role's own;
+  `env.role_credit` decides whether a role is credited with its own or the team's sum).
+- `info["success"]` as above (the team's); `info["action_is_valid"]` a bool or a dict role -> bool.
+- `instructions` a str (shared) or a dict role -> str.
+Built-ins: `signal` (speaker then listener) and `matching` (two players at once), `envs/games.py`.
+
 Grid text uses RAGEN's symbols, one row per line, one symbol per cell; grid images are 28 pixels
 per cell (one Qwen2.5-VL image token per cell).
 """

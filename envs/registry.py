@@ -27,6 +27,8 @@ ENVIRONMENTS.update({
     "bandit": "envs.bandit:Bandit",
     "frozenlake": "envs.frozenlake:FrozenLake",
     "sokoban": "envs.sokoban:Sokoban",
+    "signal": "envs.games:SignalGame",        # two roles in turn: speaker and listener (multi-role)
+    "matching": "envs.games:MatchingGame",    # two roles at once (multi-role)
 })
 
 

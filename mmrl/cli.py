@@ -1,4 +1,4 @@
-"""`mmrl` command line: `mmrl train CONFIG [key=value ...]`, `mmrl export SOURCE OUT_DIR [--ema]`,
+"""`mmrl` command line: `mmrl train CONFIG [key=value ...]`, `mmrl export SOURCE OUT_DIR [--ema] [--policy NAME]`,
 `mmrl report RUN_DIR [--out FILE]`, `mmrl rewards ...`.
 
 User errors (bad config, missing files, a broken reward) print one paragraph and exit
@@ -46,7 +46,7 @@ def _export(args) -> int:
     from mmrl.state.export import export
 
     try:
-        out = export(args.source, args.out_dir, ema=args.ema)
+        out = export(args.source, args.out_dir, ema=args.ema, policy=args.policy)
     except ConfigError as e:
         return _fail(f"export error: {e}", EXIT_CONFIG)
     except OSError as e:                 # a full disk or a read-only folder: nothing is left at OUT_DIR
@@ -93,6 +93,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("source", help="run directory or checkpoint directory")
     e.add_argument("out_dir", help="new (or empty) output folder")
     e.add_argument("--ema", action="store_true", help="export the EMA weights (policy_ema.safetensors)")
+    e.add_argument("--policy", default="policy", metavar="NAME",
+                   help="which policy of a multi-role run: 'policy' (the policy section, the default) or a name "
+                        "from its `policies:`")
     e.set_defaults(func=_export)
     r = sub.add_parser("report", help="write a run's self-contained HTML report (RUN_DIR/report.html)",
                        description="Write one self-contained HTML page for run directory RUN_DIR, finished or "

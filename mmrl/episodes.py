@@ -35,6 +35,7 @@ class EpisodeMeta:
     FINAL_IMAGE = "final_image"          # PIL image or None: the observation after the last reply (not shown to the model)
     TOOL_CALLS = "tool_calls"            # list[list[dict]] per reply: its tool calls {name, arguments, error, result, images}
     TOOLS = "tools"                      # list[str]: the run's tool names (the same in every sample)
+    ROLE = "role"                        # str: the role the trajectory played (multi-role environments, mmrl.roles)
 
 
 def train_records(env) -> list[dict]:

@@ -37,6 +37,12 @@ class AgentPolicy(VLMCommon):
     def _rollout(self, prompts: PromptBatch, group_size: int) -> Rollout:
         """G trajectories per environment seed; actions = the replies' tokens (vlm/trajectory.py)."""
         trajs = self._episodes(prompts, group_size, self._sampling())
+        return self.rollout_of(trajs, prompts, group_size, f"step {prompts.step}")
+
+    def rollout_of(self, trajs: list, prompts: PromptBatch, group_size: int, tag: str,
+                   roles: list[str] | None = None) -> Rollout:
+        """The Rollout of finished trajectories, groups of G consecutive ones (several per prompt in multi-role
+        episodes, one per role: `roles` names each trajectory's, `vlm.roles.Team`)."""
         lengths = torch.tensor([t.actions_so_far for t in trajs], device=self.device)          # [N]
         t_max = max(1, int(lengths.max()))
         mask = (torch.arange(t_max, device=self.device)[None, :] < lengths[:, None]).float()   # [N, T]
@@ -52,8 +58,8 @@ class AgentPolicy(VLMCommon):
             with torch.no_grad(), self._autocast():
                 logp = torch.cat([score_views(self.scorer, views[lo:lo + step], t_max)[0]
                                   for lo in range(0, len(views), step)])                        # [N, T]
-        return Rollout(samples=samples_of(trajs, prompts, group_size, f"step {prompts.step}"), log_probs=logp,
-                       mask=mask, group=torch.arange(len(prompts)).repeat_interleave(group_size),
+        return Rollout(samples=samples_of(trajs, prompts, group_size, tag, roles), log_probs=logp,
+                       mask=mask, group=torch.arange(len(trajs) // group_size).repeat_interleave(group_size),
                        state={"views": views}, versions=versions)
 
     def _score_with(self, scorer, rollout: Rollout, index: torch.Tensor):

@@ -78,6 +78,7 @@ class Trajectory:
     context: list                  # segments the next reply is generated from
     scored: set = field(default_factory=set)      # ids of reply segments an earlier view scores
     instructions: str = ""                        # the task text of the first user message
+    system: str | None = None                     # the system prompt of its first user message (a role's, or the policy's)
     seen: list = field(default_factory=list)      # observation k as shown before reply k
     heads: dict = field(default_factory=dict)     # first user message of a window starting at observation k
     start: int = 0                                # the observation the current context's window starts at
@@ -153,7 +154,8 @@ class EpisodeRunner:
             raise ConfigError(f"environment seed {seed}: the first prompt has {head.input_ids.numel()} tokens "
                               f"(> policy.max_prompt_tokens={self.cfg.max_prompt_tokens}); raise it or lower policy.max_pixels")
         return [Trajectory(env, seed, obs, [head], instructions=instructions, seen=[obs], heads={0: head},
-                           shown_features=[head.features], tool_names=tuple(self.tools.names) if self.tools else ())
+                           shown_features=[head.features], tool_names=tuple(self.tools.names) if self.tools else (),
+                           system=self.cfg.system_prompt)
                 for env, (obs, _) in zip(envs, resets)]
 
     def _step(self, t: Trajectory, tokens, ended: bool, turn: int) -> None:
@@ -222,7 +224,7 @@ class EpisodeRunner:
         if s not in t.heads:
             text, image = self._shown(t.seen[s], t.instructions)
             features = t.shown_features[s] if image is not None else None  # encoded when first shown
-            t.heads[s] = self.template.head(self.cfg.system_prompt, text, image, features=features)
+            t.heads[s] = self.template.head(t.system, text, image, features=features)
         return t.heads[s]
 
     def _window(self, t: Trajectory) -> None:
@@ -338,19 +340,26 @@ def trajectory_meta(t: Trajectory, seed: int) -> dict:
 
 
 
-def samples_of(trajs: list[Trajectory], prompts, group_size: int, tag: str) -> list:
+def samples_of(trajs: list[Trajectory], prompts, group_size: int, tag: str, roles: list[str] | None = None) -> list:
     """One reward `Sample` per trajectory: prompt = the task text, output = the replies, one per line,
-    images = the observations shown, meta = `trajectory_meta`."""
+    images = the observations shown, meta = `trajectory_meta`. `roles`: the role each trajectory played
+    (multi-role episodes, `vlm.roles`: `meta["role"]`; each prompt then holds one group per role)."""
     from rewards.sample import Sample
 
     out = []
+    groups_per_prompt = len(trajs) // (group_size * len(prompts.index)) if roles else 1   # one per role
     for i, t in enumerate(trajs):
-        p, j = divmod(i, group_size)
+        p, j = divmod(i, group_size * groups_per_prompt)
+        j %= group_size
         # the first head (the context's head is the current window's), then each following turn
         shown = [t.heads[0]] + [s for pair in t.turns for s in pair[1:]]
         images = [im for s in shown for im in s.images]
         first = t.views[0].inputs if t.views else None
+        meta, role = trajectory_meta(t, t.seed), ""
+        if roles:
+            meta[EpisodeMeta.ROLE] = roles[i]
+            role = f" role {roles[i]}"
         out.append(Sample(prompt=first.text if first else "", output="\n".join(t.replies),
-                          images=images, answer=None, meta=trajectory_meta(t, t.seed),
-                          id=f"{tag} env seed {t.seed} (prompt {prompts.index[p]}) trajectory {j}"))
+                          images=images, answer=None, meta=meta,
+                          id=f"{tag} env seed {t.seed} (prompt {prompts.index[p]}){role} trajectory {j}"))
     return out

@@ -371,6 +371,13 @@ def validate_episodes(cfg: Config, env) -> None:
                          f"{cfg.backend!r} is not supported for them yet")
 
 
+def build_team(policies: dict, roles: dict, env_cfg, device):
+    """The policies (name -> `vlm.agent.AgentPolicy`) playing a multi-role environment (`vlm.roles.Team`)."""
+    from vlm.roles import Team
+
+    return Team(policies, roles, env_cfg, device)
+
+
 def build(cfg: Config, ctx) -> VLMCommon:
     """The agent policy (`vlm.agent`) when the run has an `env:` section, else the single-turn policy."""
     validate(cfg)

@@ -94,9 +94,21 @@ def check_objective(cfg: Config) -> None:
         entry.check(cfg.algo)
 
 
-def check_sizes(cfg: Config) -> None:
+def check_optim(o, key: str) -> None:
+    """An optim section (the run's, or a named policy's `policies.<name>.optim`)."""
     from mmrl.algorithms.schedules import SCHEDULES
 
+    within(f"{key}.lr", o.lr, 0, float("inf"), low_open=True)
+    at_least(f"{key}.weight_decay", o.weight_decay, 0)
+    within(f"{key}.beta1", o.beta1, 0, 1, high_open=True)
+    within(f"{key}.beta2", o.beta2, 0, 1, high_open=True)
+    within(f"{key}.eps", o.eps, 0, float("inf"), low_open=True)
+    at_least(f"{key}.warmup_steps", o.warmup_steps, 0)
+    _registered(f"{key}.schedule", o.schedule, SCHEDULES)
+    at_least(f"{key}.max_nonfinite_in_a_row", o.max_nonfinite_in_a_row, 1)
+
+
+def check_sizes(cfg: Config) -> None:
     t = cfg.train
     for name in ("prompts_per_step", "update_epochs", "samples_per_microbatch"):
         at_least(f"train.{name}", getattr(t, name), 1)
@@ -109,15 +121,7 @@ def check_sizes(cfg: Config) -> None:
     if t.prompts_per_step % world:
         raise ConfigError(f"config key 'train.prompts_per_step' ({t.prompts_per_step}) must be divisible by "
                           f"the {world} processes")
-    o = cfg.optim
-    within("optim.lr", o.lr, 0, float("inf"), low_open=True)
-    at_least("optim.weight_decay", o.weight_decay, 0)
-    within("optim.beta1", o.beta1, 0, 1, high_open=True)
-    within("optim.beta2", o.beta2, 0, 1, high_open=True)
-    within("optim.eps", o.eps, 0, float("inf"), low_open=True)
-    at_least("optim.warmup_steps", o.warmup_steps, 0)
-    _registered("optim.schedule", o.schedule, SCHEDULES)
-    at_least("optim.max_nonfinite_in_a_row", o.max_nonfinite_in_a_row, 1)
+    check_optim(cfg.optim, "optim")
     at_least("eval.every", cfg.eval.every, 0, " (0 = never)")
     at_least("eval.max_prompts", cfg.eval.max_prompts, 1)
     at_least("eval.prompts_per_batch", cfg.eval.prompts_per_batch, 1)
@@ -226,6 +230,36 @@ def check_env(cfg: Config) -> None:
                           "remove the data section")
 
 
+def check_roles(cfg: Config) -> None:
+    """`policies:` and `env.roles` (mmrl/roles.py): the names and credit; each named policy's section checked by its
+    adapter as the policy section is, with the same adapter, which must run multi-role episodes."""
+    from mmrl import roles
+    from mmrl.config.policies import adapter, validate_episodes, validate_guard, validate_nft, validate_policy
+
+    roles.check(cfg)
+    if cfg.env is None or not (cfg.env.roles or cfg.policies):
+        return
+    main = adapter(cfg.policy.name)
+    if not hasattr(main, "build_team"):
+        raise ConfigError(f"config key 'env.roles': policy {cfg.policy.name!r} does not run multi-role episodes (no "
+                          "build_team); multi-role environments run with policy.name=vlm")
+    for name, entry in cfg.policies.items():
+        key = f"policies.{name}.policy"
+        try:
+            if adapter(entry.policy.name) is not main:
+                raise ConfigError(f"config key '{key}.name': {entry.policy.name!r}; every policy of a multi-role "
+                                  f"run is served by the policy section's adapter ({cfg.policy.name!r})")
+            validate_policy(entry.policy)
+            validate_guard(entry.policy, cfg.algo)
+            validate_nft(entry.policy, cfg.algo)
+            validate_episodes(entry.policy, cfg.env)
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(str(e).replace("'policy.", f"'{key}.")) from None
+        check_optim(entry.optim, f"policies.{name}.optim")
+
+
 def check_tools(cfg: Config) -> None:
     """The `tools:` list: each function imports and can be described to the model, its settings fit, the names
     are distinct, an MCP server's command exists (nothing is started); tools need episodes whose replies can see
@@ -281,6 +315,7 @@ def check_all(cfg: Config) -> None:
     check_rollout_correction(cfg)
     check_distributed(cfg)
     check_env(cfg)
+    check_roles(cfg)
     check_tools(cfg)
     check_data(cfg)
     check_rewards(cfg)

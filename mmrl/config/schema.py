@@ -21,6 +21,7 @@ from mmrl.algorithms.objectives.decoupled import DecoupledConfig
 from mmrl.algorithms.objectives.nft import NFTConfig
 from mmrl.algorithms.rollout_correction import RolloutCorrectionConfig
 from mmrl.config.asynchronous import AsyncConfig
+from mmrl.roles import parse_roles
 from mmrl.errors import ConfigError  # noqa: F401  (re-exported: `from mmrl.config import ConfigError` keeps working)
 
 
@@ -127,6 +128,8 @@ class EnvConfig:
     eval_seed_start: int = 1_000_000      # held-out episodes use seeds eval_seed_start .. + eval.max_prompts - 1 (disjoint)
     max_tool_calls: int = 8               # with `tools`: tool calls an episode may make; later calls are answered with an error (kind limit)
     tool_format: str = "hermes"           # with `tools`: how replies write calls and templates without tools announce them (tools/formats.py)
+    roles: Dict[str, Any] = field(default_factory=dict)  # a multi-role environment: role -> the policy playing it ('policy' or a key of `policies`), or {policy, system_prompt}; empty = `policy` plays every role (mmrl/roles.py)
+    role_credit: str = "team"             # multi-role: what a role is credited with: team (the team's reward) | own (its own reward): mmrl/roles.py
     kwargs: Dict[str, Any] = field(default_factory=dict)  # the environment's keyword arguments (the section's other keys)
 
 
@@ -141,6 +144,7 @@ class Config:
     policy: Any = None                    # the adapter's section: `name` plus its own fields
     rewards: List[Any] = field(default_factory=list)  # [{name, weight, label, timeout_s, max_fail_frac, **kwargs}]
     env: Any = None                       # EnvConfig: episodes of an environment instead of `data` prompts (multi-turn agents)
+    policies: Dict[str, Any] = field(default_factory=dict)  # named policies playing roles of a multi-role env: {name: {policy: {name: vlm, ...}, optim: {...overrides}}} (mmrl/roles.py)
     tools: List[Any] = field(default_factory=list)  # tools the agent may call in its episodes: [{name, label, timeout_s, max_chars, **settings}] (tools/box.py)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -301,12 +305,64 @@ def _env_section(raw) -> "EnvConfig | None":
     if both:
         raise ConfigError(f"config keys {', '.join(f'env.{k}' for k in both)} are given both directly and under env.kwargs")
     own = {k: v for k, v in plain.items() if k in ENV_KEYS}
+    roles = parse_roles(own.pop("roles", None))
     node = _merge(EnvConfig, OmegaConf.create(own), prefix="env.")
     try:
         env = OmegaConf.to_object(node)
     except OmegaConfBaseException as e:
         raise _explain(e, EnvConfig, "env.") from None
-    return dataclasses.replace(env, kwargs={**nested, **{k: v for k, v in plain.items() if k not in ENV_KEYS}})
+    return dataclasses.replace(env, roles=roles,
+                               kwargs={**nested, **{k: v for k, v in plain.items() if k not in ENV_KEYS}})
+
+
+@dataclass(frozen=True)
+class NamedPolicy:
+    """An entry of the top-level `policies:` mapping (mmrl/roles.py): a policy section of its own and its
+    optimizer (the top-level `optim` with this entry's overrides)."""
+
+    policy: Any = None                    # the adapter's section, as `policy:` (name plus its own fields)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+def _policy_section(raw, key: str):
+    """A policy section (a mapping with `name`) -> the adapter's frozen Config, typed and checked by its dataclass."""
+    from mmrl.config.policies import policy_config_class
+
+    if raw is None or not OmegaConf.is_dict(raw) or "name" not in raw:
+        raise ConfigError(f"config section '{key}' must be a mapping with a 'name' (e.g. {key}.name=vlm)")
+    try:
+        cls = policy_config_class(str(raw.name))
+    except ValueError as e:  # the registry's message names the key and the valid names
+        raise ConfigError(str(e).replace("'policy.name'", f"'{key}.name'")) from None
+    node = _merge(cls, raw, prefix=f"{key}.")
+    try:
+        return OmegaConf.to_object(node)
+    except OmegaConfBaseException as e:
+        raise _explain(e, cls, f"{key}.") from None
+
+
+def _policies_section(raw, optim_node) -> dict:
+    """The `policies:` mapping -> {name: NamedPolicy}: each entry's policy section checked by its adapter's
+    dataclass, its optim the run's `optim` with the entry's overrides."""
+    if raw is None:
+        return {}
+    if not OmegaConf.is_dict(raw):
+        raise ConfigError("config section 'policies' must map names to {policy: {name: ...}, optim: {...}}")
+    out = {}
+    for name in raw:
+        entry = raw[name]
+        if not OmegaConf.is_dict(entry) or "policy" not in entry:
+            raise ConfigError(f"config section 'policies.{name}' must be a mapping with a 'policy' section (and an "
+                              "optional 'optim'), e.g. {policy: {name: vlm, model: ...}, optim: {lr: 1e-4}}")
+        unknown = sorted(set(entry) - {"policy", "optim"})
+        if unknown:
+            raise ConfigError(f"unknown config key 'policies.{name}.{unknown[0]}'. Valid keys in policies.{name}: "
+                              "policy, optim")
+        policy = _policy_section(entry.policy, f"policies.{name}.policy")
+        layers = [optim_node] + ([entry.optim] if entry.get("optim") is not None else [])
+        optim = OmegaConf.to_object(_merge(OptimConfig, *layers, prefix=f"policies.{name}.optim."))
+        out[str(name)] = NamedPolicy(policy, optim)
+    return out
 
 
 def load_config(path: str | None, overrides: list[str] = (), *, saved: bool = False) -> Config:
@@ -314,7 +370,6 @@ def load_config(path: str | None, overrides: list[str] = (), *, saved: bool = Fa
     before anything is built. `saved`: the file is a run's own config.yaml, which may predate today's keys
     (`migrate`)."""
     from mmrl.config.checks import check_all
-    from mmrl.config.policies import policy_config_class
 
     file_layer = _read_yaml(path) if path else None
     if saved and file_layer is not None:
@@ -325,21 +380,18 @@ def load_config(path: str | None, overrides: list[str] = (), *, saved: bool = Fa
     policy_raw = merged.policy
     if policy_raw is None or not OmegaConf.is_dict(policy_raw) or "name" not in policy_raw:
         raise ConfigError("config section 'policy' must be a mapping with a 'name' (e.g. policy.name=bandit)")
-    try:
-        policy_cls = policy_config_class(str(policy_raw.name))
-    except ValueError as e:  # the registry's message names the key and the valid names
-        raise ConfigError(str(e)) from None
-    policy_node = _merge(policy_cls, policy_raw, prefix="policy.")
+    policy = _policy_section(policy_raw, "policy")
     env = _env_section(merged.env)
+    policies = _policies_section(merged.policies, merged.optim)
     OmegaConf.set_readonly(merged, False)
     merged.policy = None
     merged.env = None
+    merged.policies = {}
     try:
         cfg = OmegaConf.to_object(merged)
-        policy = OmegaConf.to_object(policy_node)
     except OmegaConfBaseException as e:
         raise _explain(e, Config) from None
-    cfg = dataclasses.replace(cfg, policy=policy, env=env)
+    cfg = dataclasses.replace(cfg, policy=policy, env=env, policies=policies)
     check_all(cfg)
     return cfg
 
@@ -384,10 +436,11 @@ def _registries() -> dict:
     from mmrl.algorithms.schedules import SCHEDULES
     from mmrl.config.asynchronous import PLACEMENTS, STALENESS
     from mmrl.distributed.weight_sync import WEIGHT_SYNC
+    from mmrl.roles import ROLE_CREDITS
     from tools import TOOL_FORMATS, TOOLS
 
     return {"asynchronous.on_stale": STALENESS, "asynchronous.weight_sync": WEIGHT_SYNC,
             "asynchronous.learner_placement": PLACEMENTS, "algo.objective": OBJECTIVES, "algo.advantage": ESTIMATORS, "algo.reward_combine": REWARD_COMBINES,
             "algo.policy_loss": POLICY_LOSSES, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
             "algo.filter.name": FILTERS, "optim.schedule": SCHEDULES, "algo.credit.name": CREDITS, "algo.rollout_correction.mode": CORRECTIONS,
-            "tools[].name": TOOLS, "env.tool_format": TOOL_FORMATS}
+            "tools[].name": TOOLS, "env.tool_format": TOOL_FORMATS, "env.role_credit": ROLE_CREDITS}

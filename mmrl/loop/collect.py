@@ -73,6 +73,17 @@ def _best_and_worst(rollout: Rollout, scores: torch.Tensor, weights: list, g: in
     return select(rollout, idx), scores[idx], 2 * k
 
 
+def draw_prompts(sampler, records: list, seed: int, step: int, rnd: int, p_total: int, p_local: int,
+                 process_index: int) -> PromptBatch:
+    """This process's slice of round `rnd` of step `step`: the sampler draws the step's `p_total` prompts (the same on
+    every process), each seeded from (seed, step, its position in the round)."""
+    global_idx = sampler.take(p_total)                                       # same on every process
+    lo = process_index * p_local
+    mine = global_idx[lo:lo + p_local]
+    seeds = [prompt_seed(seed, step, rnd * p_total + lo + j) for j in range(p_local)]
+    return PromptBatch(rows=[records[i] for i in mine], index=mine, seeds=seeds, step=step)
+
+
 class Generator:
     """The generating role: records (or environment seeds) -> rollout -> rewards -> group filter -> advantages,
     one `StepBatch` per step, stamped with the policy version that sampled it. Built from explicit parts; in the
@@ -117,12 +128,9 @@ class Generator:
     def sample(self, step: int, rnd: int = 0) -> Rollout:
         """One round of this process's prompts, sampled and stamped with versions, not scored (asynchronous
         reward workers score it elsewhere; `next_batch(step, scored=...)` then makes the batch)."""
-        g, p_total, p_local = self.train.group_size, self.train.prompts_per_step, self.prompts_per_process
-        global_idx = self.sampler.take(p_total)                              # same on every process
-        lo = self.process_index * p_local
-        mine = global_idx[lo:lo + p_local]
-        seeds = [prompt_seed(self.seed, step, rnd * p_total + lo + j) for j in range(p_local)]
-        prompts = PromptBatch(rows=[self.records[i] for i in mine], index=mine, seeds=seeds, step=step)
+        g, p_local = self.train.group_size, self.prompts_per_process
+        prompts = draw_prompts(self.sampler, self.records, self.seed, step, rnd, self.train.prompts_per_step,
+                               p_local, self.process_index)
         rollout = self.policy.rollout(prompts, g)
         if len(rollout) != p_local * g:
             raise RuntimeError(f"policy.rollout returned {len(rollout)} samples for {p_local} prompts x "

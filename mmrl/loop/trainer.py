@@ -7,6 +7,7 @@ resume), `train` runs the steps. The roles live in `mmrl.loop.collect` (`Generat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -26,7 +27,9 @@ from mmrl.loop.build import build_policy_for_run, build_rewards, run_records
 from mmrl.loop.collect import Generator
 from mmrl.loop.ema import EMA, build_ema
 from mmrl.loop.evaluation import Evaluator
+from mmrl.loop.team import step_samples
 from mmrl.loop.update import Learner, samples_per_optimizer_step
+from mmrl.roles import MAIN, policies_of
 from mmrl.reporting.console import header
 from mmrl.reporting.metrics import MetricsSink, truncate_after
 from mmrl.reporting.samples import write_samples
@@ -107,9 +110,10 @@ class Run:
                 row.update({"time/rollout_s": mean(t1 - t0), "time/update_s": mean(time.perf_counter() - t1)})
                 row.update(memory.metrics(self.policy.model, self.optimizer))
                 if cfg.logging.save_samples_every and (step + 1) % cfg.logging.save_samples_every == 0 and main:
+                    samples, scores, advantages, rollouts = step_samples(batch)   # a team's: every policy's
                     write_samples(os.path.join(cfg.output_dir, "samples", f"step_{step + 1:06d}.jsonl"),
-                                  batch.rollout.samples, batch.scores, self.rewards.labels, batch.advantages,
-                                  versions=_action_versions(batch.rollout))
+                                  samples, scores, self.rewards.labels, advantages,
+                                  versions=_action_versions(rollouts))
                 if self.eval_due(step + 1):
                     # every process evaluates the same prompts deterministically, so the values agree
                     row.update({k: mean(v) for k, v in self.evaluator(step + 1).items()})
@@ -143,7 +147,7 @@ class Run:
         elif acc.is_main_process:
             state = {**self.generator.state_dict(), **self.learner.state_dict()}
             checkpoint.save(self.ckpt_dir, step, self.policy, self.optimizer, self.scheduler, state,
-                            self.cfg.checkpoint.keep_last, self.ema)
+                            self.cfg.checkpoint.keep_last, self.ema, members=self.learner.members())
         acc.wait_for_everyone()
 
 
@@ -190,49 +194,40 @@ def setup(cfg: Config) -> Run:
     resume = _resume_path(cfg, os.path.join(cfg.output_dir, "checkpoints"))   # before anything is built
     rewards, diagnostics = build_rewards(cfg)
     records, eval_records = run_records(cfg)
+    roles = _team_roles(cfg)                   # None: one policy; else role -> RoleConfig (mmrl.roles)
     policy = build_policy_for_run(cfg, acc)
     check_capabilities(policy, kl_beta=cfg.algo.kl_beta, eval_every=cfg.eval.every, objective=cfg.algo.objective)
     fsdp = sharding.is_sharded(policy.model)
-    params = list(policy.trainable_parameters())
-    if not params:
-        raise ConfigError("the policy has no trainable parameters (check its LoRA / freezing options)")
-    opt = cfg.optim
-    optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
-                                  weight_decay=opt.weight_decay)
     n_local = p // world * (2 * cfg.algo.best_worst_k or cfg.train.group_size)  # samples trained per process and step
-    per_opt = samples_per_optimizer_step(cfg.train, n_local)
-    total_opt_steps = cfg.max_steps * cfg.train.update_epochs * math.ceil(n_local / per_opt)
-    schedule = lr_lambda(cfg.optim.schedule, cfg.optim.warmup_steps, total_opt_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    if fsdp:  # already sharded by mmrl (accelerate's own FSDP path does not run on CPU)
-        optimizer, scheduler = acc.prepare(optimizer, scheduler)
-    else:
-        policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
+    plays = {name: sum(r.policy == name for r in roles.values()) for name in policies_of(roles)} if roles else {}
+    learner = _learner(cfg, acc, policy, cfg.optim, n_local * plays.get(MAIN, 1), fsdp)
     generator = Generator(policy=policy, rewards=rewards, records=records,
                           sampler=PromptSampler(len(records), cfg.seed), seed=cfg.seed, train=cfg.train,
                           algo=cfg.algo, episodes=cfg.env is not None, process_index=acc.process_index,
                           prompts_per_process=p // world)
-    learner = Learner(policy=policy, optimizer=optimizer, scheduler=scheduler, params=params, accelerator=acc,
-                      ema=build_ema(params, cfg.train), train=cfg.train, optim=cfg.optim, algo=cfg.algo, seed=cfg.seed)
+    team = None
+    if roles is not None:
+        generator, learner, team = _team(cfg, acc, roles, plays, learner, rewards, records, n_local)
+    optimizer, scheduler = learner.optimizer, learner.scheduler
     if cfg.asynchronous.enabled:          # rollout workers on Ray sample; these processes learn (mmrl.loop.asynchronous)
         from mmrl.loop.asynchronous.launch import start
         from mmrl.loop.asynchronous.follower import Follower
 
         # the weights the rollouts sample with: DiffusionNFT's old copy, else the trained ones (FSDP2: shards)
-        published = policy.old_parameters() if cfg.algo.objective == "nft" else params
+        published = policy.old_parameters() if cfg.algo.objective == "nft" else learner.params
         if acc.is_main_process:
             generator = start(cfg, generator, published, world=world, sharded=fsdp)
         else:                             # process 0 sends this process its share of each step batch
             generator = Follower(generator, published, sharded=fsdp)
     evaluator = None
     if eval_records is not None:
-        evaluator = Evaluator(policy=policy, rewards=rewards, records=eval_records[:cfg.eval.max_prompts],
+        evaluator = Evaluator(policy=team or policy, rewards=rewards, records=eval_records[:cfg.eval.max_prompts],
                               seed=cfg.seed, prompts_per_batch=cfg.eval.prompts_per_batch,
                               episodes=cfg.env is not None, ema=learner.ema, diagnostics=diagnostics,
                               samples_dir=os.path.join(cfg.output_dir, "samples") if acc.is_main_process else None)
     run = Run(cfg, acc, generator, learner, evaluator, 0)
     if resume:
-        state = checkpoint.load(resume, policy, optimizer, scheduler, learner.ema)
+        state = checkpoint.load(resume, policy, optimizer, scheduler, learner.ema, members=learner.members())
         generator.load_state_dict(state)
         learner.load_state_dict(state)
         run.start_step = int(state["step"])
@@ -241,11 +236,74 @@ def setup(cfg: Config) -> Run:
     return run
 
 
-def _action_versions(rollout) -> list[list[int]] | None:
-    """Per sample, the policy version of each of its actions (None when the rollout has no versions)."""
-    if rollout.versions is None:
+def _team_roles(cfg: Config):
+    """The role -> RoleConfig mapping when the run's environment has roles (built once to ask), else None."""
+    if cfg.env is None:
         return None
-    return [v[m.bool()].tolist() for v, m in zip(rollout.versions, rollout.mask)]
+    from envs import make_env
+    from mmrl.roles import roles_of
+
+    env = make_env(cfg.env.name, dict(cfg.env.kwargs))
+    try:
+        return roles_of(cfg, env)
+    finally:
+        env.close()
+
+
+def _learner(cfg: Config, acc: Accelerator, policy, optim, n_local: int, fsdp: bool) -> Learner:
+    """The learning role of `policy`: AdamW over its trainable parameters with the `optim` section's settings and
+    schedule over the run's optimizer steps (`n_local` samples trained per process and step)."""
+    params = list(policy.trainable_parameters())
+    if not params:
+        raise ConfigError("the policy has no trainable parameters (check its LoRA / freezing options)")
+    optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+                                  weight_decay=optim.weight_decay)
+    per_opt = samples_per_optimizer_step(cfg.train, n_local)
+    total_opt_steps = cfg.max_steps * cfg.train.update_epochs * math.ceil(n_local / per_opt)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optim.schedule, optim.warmup_steps,
+                                                                       total_opt_steps))
+    if fsdp:  # already sharded by mmrl (accelerate's own FSDP path does not run on CPU)
+        optimizer, scheduler = acc.prepare(optimizer, scheduler)
+    else:
+        policy.model, optimizer, scheduler = acc.prepare(policy.model, optimizer, scheduler)
+    return Learner(policy=policy, optimizer=optimizer, scheduler=scheduler, params=params, accelerator=acc,
+                   ema=build_ema(params, cfg.train), train=cfg.train, optim=optim, algo=cfg.algo, seed=cfg.seed)
+
+
+def _team(cfg: Config, acc: Accelerator, roles: dict, plays: dict, main: Learner, rewards, records, n_local: int):
+    """(TeamGenerator, TeamLearner, the adapter's team) of a multi-role run: each named policy built from its
+    section with its own optimizer, the team from all of them (`mmrl.loop.team`)."""
+    from mmrl.config.policies import adapter
+    from mmrl.loop.team import JointRounds, RoleGenerator, TeamGenerator, TeamLearner
+
+    learners = {}
+    for name in policies_of(roles):
+        if name == MAIN:
+            learners[name] = main
+            continue
+        entry = cfg.policies[name]
+        sub = dataclasses.replace(cfg, policy=entry.policy, optim=entry.optim)
+        policy = build_policy_for_run(sub, acc)
+        check_capabilities(policy, kl_beta=cfg.algo.kl_beta, eval_every=cfg.eval.every, objective=cfg.algo.objective)
+        learners[name] = _learner(sub, acc, policy, entry.optim, n_local * plays[name], False)
+    team = adapter(cfg.policy.name).build_team({n: lr.policy for n, lr in learners.items()}, roles, cfg.env,
+                                               acc.device)
+    p, world = cfg.train.prompts_per_step, acc.num_processes
+    rounds = JointRounds(team=team, rewards=rewards, records=records, sampler=PromptSampler(len(records), cfg.seed),
+                         seed=cfg.seed, train=cfg.train, process_index=acc.process_index, prompts_per_process=p // world)
+    generators = {name: RoleGenerator(name=name, rounds=rounds, policy=lr.policy, rewards=rewards, records=records,
+                                      sampler=rounds.sampler, seed=cfg.seed, train=cfg.train, algo=cfg.algo,
+                                      episodes=True, process_index=acc.process_index,
+                                      prompts_per_process=p // world * plays[name])
+                  for name, lr in learners.items()}
+    return TeamGenerator(rounds, generators), TeamLearner(learners, MAIN), team
+
+
+def _action_versions(rollouts: list) -> list[list[int]] | None:
+    """Per sample of the rollouts, the policy version of each of its actions (None when one has no versions)."""
+    if any(r.versions is None for r in rollouts):
+        return None
+    return [v[m.bool()].tolist() for r in rollouts for v, m in zip(r.versions, r.mask)]
 
 
 def _reduce_metrics(row: dict[str, Metric]) -> dict:

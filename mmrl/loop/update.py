@@ -107,6 +107,10 @@ class Learner:
     def state_dict(self) -> dict:
         return {"counters": self.counters.state_dict()}
 
+    def members(self) -> dict:
+        """Policies trained beside this one (a team's, `mmrl.loop.team.TeamLearner`): none."""
+        return {}
+
     def load_state_dict(self, state: dict) -> None:
         self.counters.load_state_dict(state["counters"])
 

@@ -131,8 +131,27 @@ def _save_weights(save, path: str) -> None:
         raise OSError(f"cannot write {path!r}: {e}") from e
 
 
-def _write(tmp: str, step: int, policy, optimizer, scheduler, trainer_state: dict, ema) -> None:
+MEMBERS = "policies"          # the folder of the policies trained beside the main one (multi-role runs, mmrl.roles)
+MEMBER_FILES = ("policy.safetensors", "optimizer.pt", "scheduler.pt")
+
+
+def member_dir(checkpoint_dir: str, name: str) -> str:
+    """Where checkpoint `checkpoint_dir` keeps named policy `name` (its weights, optimizer and scheduler)."""
+    return os.path.join(checkpoint_dir, MEMBERS, name)
+
+
+def _write_members(tmp: str, members: dict) -> None:
+    for name, (policy, optimizer, scheduler) in members.items():
+        folder = member_dir(tmp, name)
+        os.makedirs(folder)
+        _save_weights(policy.save, os.path.join(folder, "policy.safetensors"))
+        _torch_save(optimizer.state_dict(), os.path.join(folder, "optimizer.pt"))
+        _torch_save(scheduler.state_dict(), os.path.join(folder, "scheduler.pt"))
+
+
+def _write(tmp: str, step: int, policy, optimizer, scheduler, trainer_state: dict, ema, members: dict) -> None:
     os.makedirs(tmp)
+    _write_members(tmp, members)
     _save_weights(policy.save, os.path.join(tmp, "policy.safetensors"))
     if ema is not None:
         with ema.swapped_in():
@@ -220,17 +239,18 @@ def save_sharded(root: str, step: int, policy, optimizer, scheduler, trainer_sta
 
 
 def save(root: str, step: int, policy, optimizer, scheduler, trainer_state: dict, keep_last: int = 2,
-         ema=None) -> str:
+         ema=None, members: dict | None = None) -> str:
     """Write checkpoint `step` under `root` atomically, with the averaged weights of `ema` (a
-    `mmrl.loop.ema.EMA`) when given; returns its path. An OS error (full disk, read-only folder) removes
-    the partial write and raises `CheckpointError`; the previous checkpoint stays the `latest`."""
+    `mmrl.loop.ema.EMA`) when given and the policies trained beside this one (`members`: name -> (policy,
+    optimizer, scheduler), each in `policies/<name>/`); returns its path. An OS error (full disk, read-only
+    folder) removes the partial write and raises `CheckpointError`; the previous checkpoint stays the `latest`."""
     name = f"{PREFIX}{step:06d}"
     final, tmp = os.path.join(root, name), os.path.join(root, f".tmp_{name}_{os.getpid()}")
 
     def write():
         os.makedirs(root, exist_ok=True)
         _remove(tmp)
-        _write(tmp, step, policy, optimizer, scheduler, trainer_state, ema)
+        _write(tmp, step, policy, optimizer, scheduler, trainer_state, ema, members or {})
 
     return _finish(root, name, tmp, final, keep_last, write)
 
@@ -362,16 +382,27 @@ def _check_files(path: str, ema) -> None:
                                  f"an mmrl checkpoint folder holds {', '.join(FILES)}{hint}")
 
 
-def load(path: str, policy, optimizer, scheduler, ema=None) -> dict:
-    """Restore everything saved by `save` (the average into `ema` when given); returns the trainer
-    state (with `step`). A folder with missing files, or weights of another policy, raise
-    `IncompatibleCheckpoint`."""
+def _check_members(path: str, members: dict) -> None:
+    for name in members:
+        missing = [n for n in MEMBER_FILES if not os.path.isfile(os.path.join(member_dir(path, name), n))]
+        if missing:
+            raise IncompatibleCheckpoint(f"config key 'resume': checkpoint {path!r} holds no policy {name!r} (missing "
+                                         f"{MEMBERS}/{name}/{', '.join(missing)}); resume it with the policies and "
+                                         "roles it was trained with (its run's config.yaml)")
+
+
+def load(path: str, policy, optimizer, scheduler, ema=None, members: dict | None = None) -> dict:
+    """Restore everything saved by `save` (the average into `ema` when given; the policies trained beside this one
+    into `members`, name -> (policy, optimizer, scheduler)); returns the trainer state (with `step`). A folder with
+    missing files, or weights of another policy, raise `IncompatibleCheckpoint`."""
     from safetensors import SafetensorError
 
     from mmrl.distributed import sharding
     from mmrl.state import dcp
 
+    members = members or {}
     _check_files(path, ema)
+    _check_members(path, members)
     if sharding.is_sharded(policy.model) and not is_sharded(path):
         raise IncompatibleCheckpoint(
             f"config key 'resume': checkpoint {path!r} was written by an unsharded (ddp) run and this run is "
@@ -385,6 +416,11 @@ def load(path: str, policy, optimizer, scheduler, ema=None) -> dict:
             optimizer.load_state_dict(load_pt(os.path.join(path, "optimizer.pt")))
             if ema is not None:
                 ema.load(os.path.join(path, "ema.safetensors"))
+        for name, (member, member_opt, member_sched) in members.items():
+            folder = member_dir(path, name)
+            member.load(os.path.join(folder, "policy.safetensors"))
+            member_opt.load_state_dict(load_pt(os.path.join(folder, "optimizer.pt")))
+            member_sched.load_state_dict(load_pt(os.path.join(folder, "scheduler.pt")))
     except UnsafeCheckpoint:
         raise
     except (RuntimeError, ValueError, KeyError, SafetensorError) as e:

@@ -99,15 +99,16 @@ def check_weights(checkpoint_dir: str, ema: bool) -> None:
                           "train.ema_decay was 0); export without --ema for the trained weights")
 
 
-def build_cpu_policy(cfg: Config):
-    """The run's policy on CPU in this process: no accelerator, no KL reference, no NFT old copy, no env,
-    generation on transformers (the section's `backend`, if any, is set to hf)."""
+def build_cpu_policy(cfg: Config, section=None):
+    """The run's policy (or the policy `section` of one of its named policies) on CPU in this process: no
+    accelerator, no KL reference, no NFT old copy, no env, generation on transformers (the section's `backend`, if
+    any, is set to hf)."""
     import torch
 
     from mmrl.config.policies import BuildContext, build_policy
 
     torch.manual_seed(cfg.seed)
-    section = cfg.policy
+    section = cfg.policy if section is None else section
     if getattr(section, "backend", "hf") != "hf":   # a generation engine (vLLM) holds no weights worth exporting
         section = dataclasses.replace(section, backend="hf")
     ctx = BuildContext(device=torch.device("cpu"), seed=cfg.seed, output_dir=cfg.output_dir, precision=cfg.precision)
@@ -116,7 +117,7 @@ def build_cpu_policy(cfg: Config):
     except ConfigError:
         raise
     except (ValueError, OSError) as e:  # a base model that cannot be found or loaded
-        raise ConfigError(f"building policy {cfg.policy.name!r} for export: {e}") from None
+        raise ConfigError(f"building policy {section.name!r} for export: {e}") from None
 
 
 def _check_out_dir(out_dir: str) -> None:
@@ -125,32 +126,51 @@ def _check_out_dir(out_dir: str) -> None:
                           "(export never overwrites)")
 
 
-def _manifest(src: Source, cfg: Config, ema: bool) -> dict:
+def _manifest(src: Source, section, ema: bool, name: str) -> dict:
     with open(os.path.join(src.checkpoint_dir, "state.json")) as f:
         step = json.load(f).get("step")
-    return {"source": src.checkpoint_dir, "step": step, "ema": ema, "policy": cfg.policy.name,
-            "model": getattr(cfg.policy, "model", None)}
+    return {"source": src.checkpoint_dir, "step": step, "ema": ema, "policy": section.name,
+            "model": getattr(section, "model", None), "name": name}
 
 
-def export(source: str, out_dir: str, *, ema: bool = False) -> str:
-    """Export the checkpoint `source` (a run or a checkpoint folder) into the new folder `out_dir`; returns it."""
+def _named(cfg: Config, src: Source, name: str, ema: bool) -> tuple[object, str]:
+    """(policy section, weights folder) of policy `name` of the run: 'policy' or a key of its `policies:`."""
+    from mmrl.roles import MAIN
+
+    if name == MAIN:
+        return cfg.policy, src.checkpoint_dir
+    if name not in cfg.policies:
+        raise ConfigError(f"export --policy {name!r}: the run has no such policy; its policies: "
+                          f"{', '.join([MAIN] + list(cfg.policies))}")
+    if ema:
+        raise ConfigError(f"export --policy {name!r} --ema: named policies keep no EMA (train.ema_decay is 0 in "
+                          "multi-role runs with several policies); export without --ema")
+    return cfg.policies[name].policy, checkpoint.member_dir(src.checkpoint_dir, name)
+
+
+def export(source: str, out_dir: str, *, ema: bool = False, policy: str = "policy") -> str:
+    """Export the checkpoint `source` (a run or a checkpoint folder) into the new folder `out_dir`; returns it.
+    `policy`: which policy of a multi-role run ('policy', the policy section, or a name from its `policies:`)."""
     out_dir = os.path.abspath(out_dir)
     _check_out_dir(out_dir)
     src = resolve_source(source)
     check_weights(src.checkpoint_dir, ema)                              # fail before building the model
     cfg = load_config(src.config_path, [], saved=True)
-    policy = build_cpu_policy(cfg)
+    name = policy
+    section, weights_dir = _named(cfg, src, name, ema)
+    check_weights(weights_dir, ema)
+    policy = build_cpu_policy(cfg, section)
     if not isinstance(policy, Exports):
         raise ConfigError(f"policy {type(policy).__name__} has no library export; `mmrl export` writes folders of "
                           "the vlm and diffusion policies (its weights are the checkpoint's policy.safetensors)")
-    load_weights(src.checkpoint_dir, policy, ema)
+    load_weights(weights_dir, policy, ema)
     tmp = f"{out_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
         policy.export(tmp)
         with open(os.path.join(tmp, MANIFEST), "w") as f:
-            json.dump(_manifest(src, cfg, ema), f, indent=1)
+            json.dump(_manifest(src, section, ema, name), f, indent=1)
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)                                          # empty (checked above)
         os.rename(tmp, out_dir)

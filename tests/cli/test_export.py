@@ -99,7 +99,7 @@ def test_vlm_lora_exports_a_peft_adapter_and_a_merged_model(vlm_lora, tmp_path, 
     AutoProcessor.from_pretrained(str(out / "merged"))
     manifest = json.loads((out / "mmrl_export.json").read_text())
     assert manifest == {"source": os.path.join(vlm_lora, "checkpoints", "step_000002"), "step": 2, "ema": False,
-                        "policy": "vlm", "model": "tiny:qwen2_5_vl"}
+                        "policy": "vlm", "model": "tiny:qwen2_5_vl", "name": "policy"}
     assert not [n for n in os.listdir(tmp_path) if ".tmp-" in n]
 
 

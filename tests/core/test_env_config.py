@@ -30,7 +30,7 @@ def test_a_written_config_loads_back_the_same(tmp_path):
 
 
 @pytest.mark.parametrize("override,match", [
-    ("env.name=frozenlak", r"env\.name.*unknown environment 'frozenlak'.*bandit, frozenlake, sokoban"),
+    ("env.name=frozenlak", r"env\.name.*unknown environment 'frozenlak'.*bandit, frozenlake, matching, signal, sokoban"),
     ("env.sizee=4", r"env\.sizee"),
     ("env.observation=video", r"env\.observation.*image, text, both"),
     ("env.max_turns=0", r"env\.max_turns.*>= 1"),

@@ -94,7 +94,7 @@ def test_a_user_env_builds_from_a_file_reference(user_file):
 def test_unknown_names_list_the_valid_ones():
     for fn in (make_env, check_env):
         with pytest.raises(ValueError, match=r"^config key 'env.name': unknown environment 'sokobna'; valid names: "
-                                             r"bandit, frozenlake, sokoban, 'gym:<id>'"):
+                                             r"bandit, frozenlake, matching, signal, sokoban, 'gym:<id>'"):
             fn("sokobna")
     with pytest.raises(ValueError, match=r"^config key 'eval.env.name': .*valid names"):
         make_env("", field="eval.env.name")
