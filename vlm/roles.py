@@ -105,15 +105,15 @@ class RoleRunner:
             if t is None:
                 instructions = self._instructions(e.env, role)
                 text, image = runner._shown(obs, instructions)
-                system = self.roles[role].system_prompt
-                head = runner.template.head(runner.cfg.system_prompt if system is None else system, text, image)
+                system = self.roles[role].system_prompt            # the role's, else its policy's
+                system = runner.cfg.system_prompt if system is None else system
+                head = runner.template.head(system, text, image)
                 if head.input_ids.numel() > runner.cfg.max_prompt_tokens:
                     raise ConfigError(f"environment seed {e.seed}, role {role!r}: the first prompt has "
                                       f"{head.input_ids.numel()} tokens (> max_prompt_tokens="
                                       f"{runner.cfg.max_prompt_tokens} of its policy); raise it")
                 e.trajs[role] = Trajectory(e.env, e.seed, obs, [head], instructions=instructions, seen=[obs],
-                                           heads={0: head}, shown_features=[head.features],
-                                           system=runner.cfg.system_prompt if system is None else system)
+                                           heads={0: head}, shown_features=[head.features], system=system)
                 continue
             seg, ended = e.pending.pop(role)
             t.obs = obs
@@ -126,12 +126,10 @@ class RoleRunner:
     def _act(self, group: list[Joint], role: str, r: int, turn: int, spec, prompt_seed: int) -> dict:
         """The replies of `role` in the group's live episodes where it acts: {j: action text or None}."""
         runner = self._runner(role)
-        live = []
+        live = []                                   # (j, context); a context past max_prompt_tokens ends its episode
         for j, e in enumerate(group):
-            if e.done or role not in e.obs:
-                continue
-            live.append((j, runner.live_contexts([e.trajs[role]])))
-        live = [(j, ctx[0][1]) for j, ctx in live if ctx]
+            if not e.done and role in e.obs:
+                live += [(j, x) for _, x in runner.live_contexts([e.trajs[role]])]
         if not live:
             return {}
         seeds = None if spec.greedy else [turn_seed(prompt_seed, j, turn * len(self.order) + r) for j, _ in live]

@@ -201,12 +201,13 @@ def setup(cfg: Config) -> Run:
     n_local = p // world * (2 * cfg.algo.best_worst_k or cfg.train.group_size)  # samples trained per process and step
     plays = {name: sum(r.policy == name for r in roles.values()) for name in policies_of(roles)} if roles else {}
     learner = _learner(cfg, acc, policy, cfg.optim, n_local * plays.get(MAIN, 1), fsdp)
-    generator = Generator(policy=policy, rewards=rewards, records=records,
-                          sampler=PromptSampler(len(records), cfg.seed), seed=cfg.seed, train=cfg.train,
-                          algo=cfg.algo, episodes=cfg.env is not None, process_index=acc.process_index,
-                          prompts_per_process=p // world)
     team = None
-    if roles is not None:
+    if roles is None:
+        generator = Generator(policy=policy, rewards=rewards, records=records,
+                              sampler=PromptSampler(len(records), cfg.seed), seed=cfg.seed, train=cfg.train,
+                              algo=cfg.algo, episodes=cfg.env is not None, process_index=acc.process_index,
+                              prompts_per_process=p // world)
+    else:                                 # several roles: a generator and a learner per policy (mmrl.loop.team)
         generator, learner, team = _team(cfg, acc, roles, plays, learner, rewards, records, n_local)
     optimizer, scheduler = learner.optimizer, learner.scheduler
     if cfg.asynchronous.enabled:          # rollout workers on Ray sample; these processes learn (mmrl.loop.asynchronous)
