@@ -162,9 +162,14 @@ def read_metrics():
 @pytest.fixture
 def comparable_rows():
     """`comparable_rows(run_dir)`: every row of RUN_DIR/metrics.jsonl without the keys that differ between two runs
-    of the same training (`time/`, `mem/`, `async/`): what a run is compared with another by."""
-    return lambda run_dir: [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/", "async/"))}
-                            for r in _read_metrics(run_dir)]
+    of the same training (`time/`, `mem/`, `async/`, also under a policy's name in a multi-role run:
+    `listener/time/...`): what a run is compared with another by."""
+    varying = ("time/", "mem/", "async/")
+
+    def comparable(key: str) -> bool:
+        return not key.startswith(varying) and not any(f"/{p}" in key for p in varying)
+
+    return lambda run_dir: [{k: v for k, v in r.items() if comparable(k)} for r in _read_metrics(run_dir)]
 
 
 def _run_samples(run_dir) -> dict:

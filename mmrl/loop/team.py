@@ -75,8 +75,10 @@ class RoleGenerator(Generator):
         return rollout, scores, metrics
 
     def sample(self, step: int, rnd: int = 0):
-        raise NotImplementedError("a team's rounds are sampled jointly (JointRounds); asynchronous rollout workers "
-                                  "do not play multi-role episodes yet")
+        """A team's rounds are played jointly (`JointRounds`), never by one policy's generator alone: the asynchronous
+        trainer, the only caller of `sample`, is refused with roles when the config is loaded (`mmrl.roles`)."""
+        raise RuntimeError("RoleGenerator.sample: a team's rounds are played by JointRounds (multi-role episodes run "
+                           "in the synchronous trainer)")
 
 
 @dataclass(frozen=True)

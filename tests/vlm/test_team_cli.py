@@ -21,15 +21,6 @@ REWARD = os.path.join(REPO, "tests", "vlm", "team_reward.py") + ":distinct_lette
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
-def metrics(run: str) -> list[dict]:
-    with open(os.path.join(run, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def without_time(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if "time/" not in k and "mem/peak_" not in k} for r in rows]
-
-
 def latest(run: str) -> int:
     try:
         with open(os.path.join(run, "checkpoints", "latest")) as f:
@@ -38,7 +29,8 @@ def latest(run: str) -> int:
         return 0
 
 
-def test_two_policies_train_resume_after_sigkill_and_export_separately(tmp_path, mmrl_cmd):
+def test_two_policies_train_resume_after_sigkill_and_export_separately(tmp_path, mmrl_cmd, read_metrics,
+                                                                        comparable_rows):
     common = [TEAM, "max_steps=4", "checkpoint.every=2", "eval.every=2", f"rewards=[{{name: '{REWARD}'}}]",
               "policy.old_log_probs=rollout", "policies.listener.policy.old_log_probs=rollout",
               "policy.max_new_tokens=12", "logging.save_samples_every=2"]
@@ -56,7 +48,7 @@ def test_two_policies_train_resume_after_sigkill_and_export_separately(tmp_path,
     assert 2 <= latest(broken) < 4
     _, err = unbroken.communicate(timeout=600)                        # reads stderr: a full pipe never stalls it
     assert unbroken.returncode == 0, err[-3000:]
-    rows = metrics(full)
+    rows = read_metrics(full)
     trained = [r for r in rows if "policy/loss" in r]
     assert [r["step"] for r in trained] == list(range(1, 5))
     for name in ("policy", "listener"):                      # both changed, so resuming either could go wrong
@@ -74,7 +66,7 @@ def test_two_policies_train_resume_after_sigkill_and_export_separately(tmp_path,
     again = subprocess.run(mmrl_cmd("train", *common, f"output_dir={broken}", "resume=auto"), cwd=REPO, env=ENV,
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert without_time(metrics(broken)) == without_time(rows)
+    assert comparable_rows(broken) == comparable_rows(full)
 
     from safetensors.torch import load_file
 
