@@ -144,15 +144,33 @@ def unsupported(cfg) -> None:
     if cfg.tools:
         raise ConfigError("config key 'tools': tool calls in multi-role episodes are not supported yet; remove the "
                           "tools or the roles")
-    if cfg.asynchronous.enabled:
-        raise ConfigError("config key 'asynchronous.enabled': multi-role episodes run in the synchronous trainer "
-                          "only for now; set asynchronous.enabled=false")
+    a = cfg.asynchronous
+    if a.enabled and a.interrupt:
+        raise ConfigError("config key 'asynchronous.interrupt': a joint episode's replies are not interrupted for "
+                          "newer weights yet (each policy would change mid-episode); set asynchronous.interrupt=false")
+    if a.enabled and a.reward_workers:
+        raise ConfigError("config key 'asynchronous.reward_workers': a joint episode's samples are scored by the "
+                          "rollout worker that played it; set asynchronous.reward_workers=0")
     if cfg.policies and cfg.distributed.strategy != "ddp":
         raise ConfigError("config key 'distributed.strategy': several named policies train with ddp only for now "
                           f"(got {cfg.distributed.strategy}); set distributed.strategy=ddp")
     if cfg.policies and cfg.train.ema_decay > 0:
         raise ConfigError("config key 'train.ema_decay': an EMA of the weights is kept for one policy only; with "
                           "named policies set train.ema_decay=0")
+
+
+def run_roles(cfg) -> dict[str, RoleConfig] | None:
+    """The role -> RoleConfig mapping when the run's environment has roles (the environment built once to ask;
+    before any model), else None."""
+    if cfg.env is None:
+        return None
+    from envs import make_env
+
+    env = make_env(cfg.env.name, dict(cfg.env.kwargs))
+    try:
+        return roles_of(cfg, env)
+    finally:
+        env.close()
 
 
 def roles_of(cfg, env) -> dict[str, RoleConfig] | None:

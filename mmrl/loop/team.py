@@ -7,6 +7,11 @@ trajectories are samples of the policy that plays it) is scored by the run's rew
 G per environment seed and role) and its `Learner` updates it with its own optimizer. A resampling filter asks
 for more rounds; a round is played once, for every policy, and each policy keeps what its filter keeps.
 
+Asynchronously (`mmrl.loop.asynchronous`) a rollout worker holds the whole team and plays each plan's round
+(`JointRounds.sample`, every action stamped with the version of the weights, all policies' weights published
+together as one version); the learner's `TeamGenerator.next_batch(step, scored=...)` makes each policy's batch
+from it.
+
 Metrics: the team's (`reward/mean` and `env/...` over every role's trajectories) and each policy's under its
 name (`listener/reward/mean`, `listener/loss`, ...; the policy section's under `policy/`).
 """
@@ -23,6 +28,17 @@ from mmrl.episodes import episode_metrics
 from mmrl.loop.collect import Generator, draw_prompts
 
 
+def member_config(cfg, name: str):
+    """The run's config as the policy `name` is built and optimized from: the policy section itself (MAIN), or a
+    named policy's section and optim overrides in place of the run's."""
+    from mmrl.roles import MAIN
+
+    if name == MAIN:
+        return cfg
+    entry = cfg.policies[name]
+    return replace(cfg, policy=entry.policy, optim=entry.optim)
+
+
 class JointRounds:
     """Rounds of joint episodes, each played once and shared by every policy's generator (kept for one step).
 
@@ -36,21 +52,34 @@ class JointRounds:
         self.seed, self.train, self.process_index, self.prompts_per_process = seed, train, process_index, prompts_per_process
         self._rounds: dict = {}
 
+    def sample(self, step: int, rnd: int, version: int | None = None) -> dict:
+        """{policy name: Rollout} of round `rnd` of step `step` played now, not scored (not kept); `version`: the
+        weights that played it, stamped on every action (an asynchronous rollout worker's)."""
+        prompts = draw_prompts(self.sampler, self.records, self.seed, step, rnd, self.train.prompts_per_step,
+                               self.prompts_per_process, self.process_index)
+        rollouts = self.team.rollout(prompts, self.train.group_size)
+        if version is None:
+            return rollouts
+        return {name: ro if ro.versions is not None else
+                replace(ro, versions=torch.full(ro.mask.shape, version, dtype=torch.long))
+                for name, ro in rollouts.items()}
+
     def get(self, step: int, rnd: int) -> dict:
         """{policy name: (rollout, scores [N, K], reward metrics)} of round `rnd` of step `step`."""
         if (step, rnd) not in self._rounds:
             if any(s != step for s, _ in self._rounds):
                 self._rounds = {}
-            prompts = draw_prompts(self.sampler, self.records, self.seed, step, rnd, self.train.prompts_per_step,
-                                   self.prompts_per_process, self.process_index)
-            rollouts = self.team.rollout(prompts, self.train.group_size)
-            self._rounds[(step, rnd)] = {name: (ro, *self.rewards.score(ro.samples)) for name, ro in rollouts.items()}
+            self._rounds[(step, rnd)] = self.scored(self.sample(step, rnd))
         return self._rounds[(step, rnd)]
 
-    def team_metrics(self, step: int) -> dict[str, Metric]:
-        """The team's metrics of the step's first round: the mean reward and the episode metrics over every role's
-        trajectories."""
-        parts = self.get(step, 0).values()
+    def scored(self, rollouts: dict) -> dict:
+        """{policy name: (rollout, scores [N, K], reward metrics)} of a round's rollouts, scored by the run's rewards."""
+        return {name: (ro, *self.rewards.score(ro.samples)) for name, ro in rollouts.items()}
+
+    def team_metrics(self, step: int, parts: dict | None = None) -> dict[str, Metric]:
+        """The team's metrics of the step's first round (`parts`: that round scored elsewhere, an asynchronous
+        rollout worker's): the mean reward and the episode metrics over every role's trajectories."""
+        parts = (parts if parts is not None else self.get(step, 0)).values()
         samples = [s for ro, _, _ in parts for s in ro.samples]
         total = torch.cat([weighted_total(scores, self.rewards.weights) for _, scores, _ in parts])   # [N_all]
         valid = total[~torch.isnan(total)]
@@ -75,10 +104,9 @@ class RoleGenerator(Generator):
         return rollout, scores, metrics
 
     def sample(self, step: int, rnd: int = 0):
-        """A team's rounds are played jointly (`JointRounds`), never by one policy's generator alone: the asynchronous
-        trainer, the only caller of `sample`, is refused with roles when the config is loaded (`mmrl.roles`)."""
-        raise RuntimeError("RoleGenerator.sample: a team's rounds are played by JointRounds (multi-role episodes run "
-                           "in the synchronous trainer)")
+        """A team's rounds are played jointly, never by one policy's generator alone: an asynchronous rollout worker
+        plays them with `JointRounds.sample` (`mmrl.loop.asynchronous.worker`), not with a generator's `sample`."""
+        raise RuntimeError("RoleGenerator.sample: a team's rounds are played by JointRounds.sample")
 
 
 @dataclass(frozen=True)
@@ -109,6 +137,10 @@ class TeamGenerator:
         return self.rounds.records
 
     @property
+    def sampler(self):
+        return self.rounds.sampler
+
+    @property
     def rewards(self):
         return self.rounds.rewards
 
@@ -116,9 +148,12 @@ class TeamGenerator:
         for g in self.generators.values():
             g.receive(version)
 
-    def next_batch(self, step: int) -> TeamBatch:
-        batches = {name: g.next_batch(step) for name, g in self.generators.items()}
-        metrics = self.rounds.team_metrics(step)
+    def next_batch(self, step: int, scored: dict | None = None) -> TeamBatch:
+        """`scored`: the step's round played and scored elsewhere (an asynchronous rollout worker's: policy name ->
+        (rollout, scores [N, K], reward metrics)), else played here."""
+        batches = {name: g.next_batch(step, scored=None if scored is None else scored[name])
+                   for name, g in self.generators.items()}
+        metrics = self.rounds.team_metrics(step, scored)
         for name, b in batches.items():
             metrics.update({f"{name}/{k}": v for k, v in b.metrics.items()})
         return TeamBatch(batches, metrics, self.version)
@@ -159,6 +194,11 @@ class TeamLearner:
         for name, learner in self.learners.items():
             out.update({f"{name}/{k}": v for k, v in learner.update(batch.batches[name], step).items()})
         return out
+
+    def published(self) -> list:
+        """Every policy's trainable tensors, in the order of `learners` (an asynchronous rollout worker's team loads
+        them in the same order: `mmrl.roles.policies_of`)."""
+        return [p for learner in self.learners.values() for p in learner.published()]
 
     def members(self) -> dict:
         """The policies besides the main one, for checkpoints: name -> (policy, optimizer, scheduler)."""

@@ -7,7 +7,6 @@ resume), `train` runs the steps. The roles live in `mmrl.loop.collect` (`Generat
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -29,7 +28,7 @@ from mmrl.loop.ema import EMA, build_ema
 from mmrl.loop.evaluation import Evaluator
 from mmrl.loop.team import step_samples
 from mmrl.loop.update import Learner, samples_per_optimizer_step
-from mmrl.roles import MAIN, policies_of
+from mmrl.roles import MAIN, policies_of, run_roles
 from mmrl.reporting.console import header
 from mmrl.reporting.metrics import MetricsSink, truncate_after
 from mmrl.reporting.samples import write_samples
@@ -194,7 +193,7 @@ def setup(cfg: Config) -> Run:
     resume = _resume_path(cfg, os.path.join(cfg.output_dir, "checkpoints"))   # before anything is built
     rewards, diagnostics = build_rewards(cfg)
     records, eval_records = run_records(cfg)
-    roles = _team_roles(cfg)                   # None: one policy; else role -> RoleConfig (mmrl.roles)
+    roles = run_roles(cfg)                     # None: one policy; else role -> RoleConfig (mmrl.roles)
     policy = build_policy_for_run(cfg, acc)
     check_capabilities(policy, kl_beta=cfg.algo.kl_beta, eval_every=cfg.eval.every, objective=cfg.algo.objective)
     fsdp = sharding.is_sharded(policy.model)
@@ -215,7 +214,8 @@ def setup(cfg: Config) -> Run:
         from mmrl.loop.asynchronous.follower import Follower
 
         # the weights the rollouts sample with: DiffusionNFT's old copy, else the trained ones (FSDP2: shards)
-        published = policy.old_parameters() if cfg.algo.objective == "nft" else learner.params
+        # a team's: every policy's trainable tensors, one version for all (each updates once per step)
+        published = policy.old_parameters() if cfg.algo.objective == "nft" else learner.published()
         if acc.is_main_process:
             generator = start(cfg, generator, published, world=world, sharded=fsdp)
         else:                             # process 0 sends this process its share of each step batch
@@ -235,20 +235,6 @@ def setup(cfg: Config) -> Run:
         learner.version = generator.version = run.start_step    # one update per training step
         log.info("resumed from %s at step %d", resume, run.start_step)
     return run
-
-
-def _team_roles(cfg: Config):
-    """The role -> RoleConfig mapping when the run's environment has roles (built once to ask), else None."""
-    if cfg.env is None:
-        return None
-    from envs import make_env
-    from mmrl.roles import roles_of
-
-    env = make_env(cfg.env.name, dict(cfg.env.kwargs))
-    try:
-        return roles_of(cfg, env)
-    finally:
-        env.close()
 
 
 def _learner(cfg: Config, acc: Accelerator, policy, optim, n_local: int, fsdp: bool) -> Learner:
@@ -275,18 +261,17 @@ def _team(cfg: Config, acc: Accelerator, roles: dict, plays: dict, main: Learner
     """(TeamGenerator, TeamLearner, the adapter's team) of a multi-role run: each named policy built from its
     section with its own optimizer, the team from all of them (`mmrl.loop.team`)."""
     from mmrl.config.policies import adapter
-    from mmrl.loop.team import JointRounds, RoleGenerator, TeamGenerator, TeamLearner
+    from mmrl.loop.team import JointRounds, RoleGenerator, TeamGenerator, TeamLearner, member_config
 
     learners = {}
     for name in policies_of(roles):
         if name == MAIN:
             learners[name] = main
             continue
-        entry = cfg.policies[name]
-        sub = dataclasses.replace(cfg, policy=entry.policy, optim=entry.optim)
+        sub = member_config(cfg, name)
         policy = build_policy_for_run(sub, acc)
         check_capabilities(policy, kl_beta=cfg.algo.kl_beta, eval_every=cfg.eval.every, objective=cfg.algo.objective)
-        learners[name] = _learner(sub, acc, policy, entry.optim, n_local * plays[name], False)
+        learners[name] = _learner(sub, acc, policy, sub.optim, n_local * plays[name], False)
     team = adapter(cfg.policy.name).build_team({n: lr.policy for n, lr in learners.items()}, roles, cfg.env,
                                                acc.device)
     p, world = cfg.train.prompts_per_step, acc.num_processes

@@ -111,6 +111,10 @@ class Learner:
         """Policies trained beside this one (a team's, `mmrl.loop.team.TeamLearner`): none."""
         return {}
 
+    def published(self) -> list:
+        """The tensors an asynchronous rollout worker samples with: the trainable parameters."""
+        return list(self.params)
+
     def load_state_dict(self, state: dict) -> None:
         self.counters.load_state_dict(state["counters"])
 

@@ -58,7 +58,7 @@ def _per_version_log_probs(worker, rollout, weights: dict) -> torch.Tensor:
     out = torch.zeros(rollout.mask.shape)
     for v, w in weights.items():
         worker._load(v, w)
-        out = torch.where(rollout.versions == v, worker._log_probs(rollout), out)
+        out = torch.where(rollout.versions == v, worker._log_probs(rollout, worker.policy), out)
     return out
 
 

@@ -67,7 +67,8 @@ def test_team_config_loads_and_round_trips(tmp_path):
     (["policies.listener.policy.backend=vllm"], r"policies\.listener\.policy\.backend"),
     (["+policies.Listener.policy.name=vlm"], r"policies\.Listener.*lowercase"),
     (["tools=[zoom]"], r"'tools'.*multi-role"),
-    (["asynchronous.enabled=true"], r"asynchronous\.enabled.*synchronous"),
+    (["asynchronous.enabled=true", "asynchronous.interrupt=true"], r"asynchronous\.interrupt.*mid-episode"),
+    (["asynchronous.enabled=true", "asynchronous.reward_workers=1"], r"asynchronous\.reward_workers.*played"),
     (["distributed.strategy=fsdp"], r"distributed\.strategy.*ddp"),
     (["train.ema_decay=0.9"], r"train\.ema_decay"),
 ])
@@ -75,6 +76,11 @@ def test_roles_errors_name_the_key_at_load(overrides, match):
     overrides = [o.lstrip("+") for o in overrides]
     with pytest.raises(ConfigError, match=match):
         load_config(TEAM, overrides)
+
+
+def test_a_team_runs_asynchronously():
+    cfg = load_config(TEAM, ["asynchronous.enabled=true", "asynchronous.max_staleness=1"])
+    assert cfg.asynchronous.enabled and cfg.policies["listener"].policy.name == "vlm"
 
 
 def test_named_policies_need_a_multi_role_env(tmp_path):

@@ -33,6 +33,12 @@ from mmrl.loop.asynchronous.follower import FullWeights, batch_of, share_out
 log = logging.getLogger("mmrl")
 
 
+def _samples(share) -> int:
+    """The samples of one learner process's share: (rollout, scores, metrics), or a team's {policy: that}."""
+    parts = share.values() if isinstance(share, dict) else [share]
+    return sum(len(ro) for ro, _, _ in parts)
+
+
 @dataclass
 class _Running:
     worker: int
@@ -157,7 +163,7 @@ class Controller:
             self._snapshots.pop(plan, None)
             if self.rule.keep(sampled.version, step, self.section.max_staleness):
                 break
-            dropped_groups += sum(len(ro) for ro, _, _ in sampled.shares) // max(1, self.group_size)
+            dropped_groups += sum(map(_samples, sampled.shares)) // max(1, self.group_size)
             self.dropped_plans += 1
             log.info("async: plan %d (version %d) is too old for step %d; discarded", plan, sampled.version, step)
         self._hand_out()                        # the workers sample on while the learner updates

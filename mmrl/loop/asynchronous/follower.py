@@ -62,21 +62,25 @@ def share_out(plan: int, version: int, shares: list, metrics: dict) -> tuple:
 
 
 def batch_of(local, plan: int, version: int, share: tuple, metrics: dict, step: int):
-    """A learner process's `StepBatch` of a plan from its share (rollout, scores, reward metrics): the group filter
-    and the advantages by its own generator (`Generator.next_batch`, whose collectives every process joins), the
+    """A learner process's `StepBatch` of a plan from its share (rollout, scores, reward metrics; a team's
+    `TeamBatch` from {policy name: that}): the group filter and the advantages by its own generator (`Generator.next_batch`, whose collectives every process joins), the
     plan's version, the controller's metrics, and the staleness of the actions it trains."""
     batch = local.next_batch(plan, scored=share)
-    ro = batch.rollout
-    mask = ro.mask.bool()
-    age = (step - ro.versions)[mask].float() if ro.versions is not None and mask.any() else torch.zeros(0)
-    spans = 0.0                                                      # samples whose actions span versions
-    if ro.versions is not None and len(ro):
-        v, m = ro.versions.cpu(), mask.cpu()
-        spans = float((torch.where(m, v, -1).amax(1) > torch.where(m, v, 1 << 62).amin(1)).float().mean())
+    rollouts = [b.rollout for b in batch.batches.values()] if hasattr(batch, "batches") else [batch.rollout]
+    ages, spans, n = [], 0.0, 0                                      # spans: samples whose actions span versions
+    for ro in rollouts:                                              # a team's: every policy's
+        mask = ro.mask.bool()
+        if ro.versions is not None and mask.any():
+            ages.append((step - ro.versions)[mask].float())
+        if ro.versions is not None and len(ro):
+            v, m = ro.versions.cpu(), mask.cpu()
+            spans += float((torch.where(m, v, -1).amax(1) > torch.where(m, v, 1 << 62).amin(1)).float().sum())
+        n += len(ro)
+    age = torch.cat(ages) if ages else torch.zeros(0)
     own = {
         "async/staleness/mean": weighted_mean(float(age.mean()) if age.numel() else 0.0, age.numel()),
         "async/staleness/max": maximum(float(age.max()) if age.numel() else 0.0),
-        "async/interrupted_frac": weighted_mean(spans, len(ro)),
+        "async/interrupted_frac": weighted_mean(spans / max(n, 1), n),
     }
     return replace(batch, version=version, metrics={**batch.metrics, **metrics, **own})
 

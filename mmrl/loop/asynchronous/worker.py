@@ -7,7 +7,9 @@ are sent, samples the plan's prompts (their seeds come from (run seed, plan, pos
 trainer's come from (run seed, step, position)) and scores them, in `world` shares: the prompts each of the
 learner's processes would sample in a synchronous run of that many processes, so that each learner process
 filters its share's groups and computes their advantages itself (`Generator.next_batch(plan, scored=...)`).
-Every action carries its version in `Rollout.versions`.
+Every action carries its version in `Rollout.versions`. With a multi-role environment (`mmrl.roles`) the worker
+holds every policy of the team and plays each plan's joint round (`mmrl.loop.team.JointRounds.sample`); the
+published tensors are all the policies' (`Learner.published`), one version for the team.
 
 With max_staleness > 0 a batch may be trained by newer weights than sampled it, so an adapter's deferred
 log-probs (`Rollout.log_probs is None`: the first training forward's own values) would be wrong; the worker then
@@ -69,7 +71,10 @@ class RolloutWorker:
         from mmrl.distributed.weight_sync import WEIGHT_SYNC
         from mmrl.errors import ConfigError
         from mmrl.loop.collect import Generator
+        from mmrl.config.policies import adapter
         from mmrl.loop.build import build_policy_for_run, build_rewards, run_records
+        from mmrl.loop.team import JointRounds, member_config
+        from mmrl.roles import MAIN, policies_of, run_roles
 
         cfg = load_run_config(config_yaml, cwd, threads)
         self.index, self.behaviour = index, behaviour
@@ -80,15 +85,28 @@ class RolloutWorker:
         self.accelerator = Accelerator(cpu=cfg.cpu or not torch.cuda.is_available(),
                                        mixed_precision={"fp32": "no"}.get(cfg.precision, cfg.precision))
         set_seed(cfg.seed)
-        self.policy = build_policy_for_run(cfg, self.accelerator, shard=False)
-        self.params = list(self.policy.trainable_parameters())
+        roles = run_roles(cfg)                                         # a multi-role environment: a team
         self.rewards = build_rewards(cfg)[0] if scores else None       # else reward workers score (`sample`)
         records, _ = run_records(cfg)
         self.samples_per_microbatch = cfg.train.samples_per_microbatch
-        self.generator = Generator(policy=self.policy, rewards=self.rewards, records=records,
-                                   sampler=PlannedPrompts(), seed=cfg.seed, train=cfg.train, algo=cfg.algo,
-                                   episodes=cfg.env is not None,
-                                   process_index=0, prompts_per_process=cfg.train.prompts_per_step)
+        self.generator = self.rounds = None
+        if roles is None:
+            self.policy = build_policy_for_run(cfg, self.accelerator, shard=False)
+            self.policies = {MAIN: self.policy}
+            self.generator = Generator(policy=self.policy, rewards=self.rewards, records=records,
+                                       sampler=PlannedPrompts(), seed=cfg.seed, train=cfg.train, algo=cfg.algo,
+                                       episodes=cfg.env is not None,
+                                       process_index=0, prompts_per_process=cfg.train.prompts_per_step)
+        else:        # every policy of the team, in the learner's order; a plan's round is played jointly
+            self.policies = {name: build_policy_for_run(member_config(cfg, name), self.accelerator, shard=False)
+                             for name in policies_of(roles)}
+            self.policy = self.policies[MAIN]
+            team = adapter(cfg.policy.name).build_team(self.policies, roles, cfg.env, self.accelerator.device)
+            self.rounds = JointRounds(team=team, rewards=self.rewards, records=records, sampler=PlannedPrompts(),
+                                      seed=cfg.seed, train=cfg.train, process_index=0,
+                                      prompts_per_process=cfg.train.prompts_per_step)
+        # the published tensors' order: the learner's (`Learner.published`, a team's policy by policy)
+        self.params = [p for policy in self.policies.values() for p in policy.trainable_parameters()]
         self.version = -1                                              # no weights loaded yet
         self.first_call = True
         self._offered = None                # (version, [weights]) the newest the controller offered mid-plan
@@ -122,11 +140,13 @@ class RolloutWorker:
                 p.copy_(w)
         if self.nft:                      # the published weights are the old (sampling) policy's: old = theta here
             self.policy.update_old(0.0)
-        if isinstance(self.policy, SamplesWithACopy):    # a vLLM engine: pushed the new version before it samples
-            self.policy.weights_loaded(version)
+        for policy in self.policies.values():
+            if isinstance(policy, SamplesWithACopy):    # a vLLM engine: pushed the new version before it samples
+                policy.weights_loaded(version)
         self.version = version
         self._plan_weights[version] = weights
-        self.generator.receive(version)
+        if self.generator is not None:
+            self.generator.receive(version)
 
     def offer(self, version: int, weights: list) -> None:
         """Newer weights for the plan being sampled (`weights[0]`: their handle, or the tensors), loaded at the
@@ -152,13 +172,16 @@ class RolloutWorker:
         t0 = time.perf_counter()
         t1 = self._start(plan, indices, version, weights)
         restarted, self.first_call = self.first_call and _reconstructed(), False
-        shares = [(ro, *self.rewards.score(ro.samples)) for ro in self._shares(plan, indices, version, world)]
+        shares = [self.rounds.scored(ro) if self.rounds is not None else (ro, *self.rewards.score(ro.samples))
+                  for ro in self._shares(plan, indices, version, world)]
         return shares, {"busy_s": time.perf_counter() - t0, "load_s": t1 - t0, "restarted": restarted}
 
     def sample(self, plan: int, indices: list[int], version: int, weights: list, world: int = 1):
         """Plan `plan` sampled as `generate` samples it, not scored (asynchronous.reward_workers: a reward worker
         scores it while this worker samples the next plan). Two returns, so that the samples travel to a reward
         worker without the rest: each share's samples, and (each share's rollout without its samples, info)."""
+        if self.rounds is not None:                 # refused when the config is loaded (mmrl.roles)
+            raise RuntimeError(f"rollout worker {self.index}: a team's rounds are scored where they are played")
         t0 = time.perf_counter()
         t1 = self._start(plan, indices, version, weights)
         restarted, self.first_call = self.first_call and _reconstructed(), False
@@ -168,23 +191,31 @@ class RolloutWorker:
 
     def _shares(self, plan: int, indices: list[int], version: int, world: int) -> list:
         """The plan's rollout in `world` shares, share r the prompts learner process r trains (the synchronous
-        generator's slice for process r of `world`), each with its behaviour log-probs where needed."""
+        generator's slice for process r of `world`), each with its behaviour log-probs where needed; a team's
+        share is {policy name: rollout} of one joint round."""
         if len(indices) % world:
             raise RuntimeError(f"rollout worker {self.index}: plan {plan} has {len(indices)} prompts, not divisible "
                                f"by the {world} learner processes")
         out = []
         for r in range(world):
+            if self.rounds is not None:
+                self.rounds.process_index, self.rounds.prompts_per_process = r, len(indices) // world
+                self.rounds.sampler.indices = list(indices)
+                played = self.rounds.sample(plan, 0, version=self.version)
+                out.append({name: self._with_behaviour(ro, version, self.policies[name])
+                            for name, ro in played.items()})
+                continue
             self.generator.process_index, self.generator.prompts_per_process = r, len(indices) // world
             self.generator.sampler.indices = list(indices)
-            out.append(self._with_behaviour(self.generator.sample(plan), version))
+            out.append(self._with_behaviour(self.generator.sample(plan), version, self.policy))
         return out
 
-    def _with_behaviour(self, ro, version: int):
-        """The rollout with its behaviour log-probs where the adapter deferred them and they are needed: with
-        max_staleness > 0, or when its actions come from more than the plan's version."""
+    def _with_behaviour(self, ro, version: int, policy):
+        """The rollout with its behaviour log-probs (by `policy`, which sampled it) where the adapter deferred them
+        and they are needed: with max_staleness > 0, or when its actions come from more than the plan's version."""
         mixed = ro.versions is not None and len(ro) and bool((ro.versions[ro.mask.bool().cpu()] != version).any())
         if ro.log_probs is None and len(ro) and (self.behaviour or mixed):
-            ro = replace(ro, log_probs=self._behaviour_log_probs(ro))
+            ro = replace(ro, log_probs=self._behaviour_log_probs(ro, policy))
         return ro
 
     def _start(self, plan: int, indices: list[int], version: int, weights: list) -> float:
@@ -197,26 +228,26 @@ class RolloutWorker:
             self._load(version, self._fetch(version, weights[0]))
         return time.perf_counter()
 
-    def _behaviour_log_probs(self, rollout) -> torch.Tensor:
+    def _behaviour_log_probs(self, rollout, policy) -> torch.Tensor:
         """[N, T] log-probs of the sampled actions, each under the weights that produced it (`Rollout.versions`;
         one pass per version, with the forward training uses); the newest weights are loaded again after."""
         newest = self.version
         versions = None if rollout.versions is None else rollout.versions.cpu()   # [N, T]
         used = sorted(set(versions[rollout.mask.bool().cpu()].tolist())) if versions is not None else []
         if len(used) <= 1 and (not used or used[0] == newest):
-            return self._log_probs(rollout)
+            return self._log_probs(rollout, policy)
         out = torch.zeros(rollout.mask.shape)                               # [N, T]
         for v in used:
             self._load(v, self._plan_weights[v])
-            out = torch.where(versions == v, self._log_probs(rollout), out)
+            out = torch.where(versions == v, self._log_probs(rollout, policy), out)
         self._load(newest, self._plan_weights[newest])
         return out
 
-    def _log_probs(self, rollout) -> torch.Tensor:
-        """[N, T] log-probs of the sampled actions under the loaded weights (the forward training uses)."""
+    def _log_probs(self, rollout, policy) -> torch.Tensor:
+        """[N, T] log-probs of the sampled actions under `policy`'s loaded weights (the forward training uses)."""
         with torch.no_grad(), self.accelerator.autocast():
             idx = torch.arange(len(rollout)).split(self.samples_per_microbatch)
-            return torch.cat([self.policy.log_probs(rollout, i).log_probs.float() for i in idx]).cpu()
+            return torch.cat([policy.log_probs(rollout, i).log_probs.float() for i in idx]).cpu()
 
 
 class RewardWorker:
