@@ -20,12 +20,25 @@ from mmrl.reporting.samples import write_samples, write_strip
 from mmrl.types import PromptBatch
 
 
-def _episode_strip(path: str, sample) -> None:
+def _episode_strip(path: str, samples: list) -> None:
     """The first held-out episode as an image strip: each observation with the move made from it, then the
-    final observation (`episode_strip` in the samples folder; before_after.png compares the first and last)."""
-    meta = sample.meta
+    final observation (`episode_strip` in the samples folder; before_after.png compares the first and last). In a
+    multi-role run, the first joint episode: every role's observations with its replies (`role: move`), in the
+    environment's role order, the last caption saying whether the team solved it."""
+    meta = samples[0].meta
+    if EpisodeMeta.ROLE in meta:
+        joint = [s for s in samples if s.meta.get(EpisodeMeta.SEED) == meta.get(EpisodeMeta.SEED)]
+        images, captions = [], []
+        for s in joint:
+            shown = list(s.images)[:len(reply_labels(s.meta))]
+            images += shown
+            captions += [f"{s.meta[EpisodeMeta.ROLE]}: {label}" for label in reply_labels(s.meta)[:len(shown)]]
+        if images:
+            end = "solved" if joint[-1].meta.get(EpisodeMeta.SUCCESS) else "not solved"
+            write_strip(path, images, captions[:-1] + [f"{captions[-1]} ({end})"])
+        return
     final = meta.get(EpisodeMeta.FINAL_IMAGE)
-    images = list(sample.images) + ([final] if final is not None else [])
+    images = list(samples[0].images) + ([final] if final is not None else [])
     if not images:
         return
     end = "solved" if meta.get(EpisodeMeta.SUCCESS) else "not solved"
@@ -111,5 +124,5 @@ class Evaluator:
             path = os.path.join(self.samples_dir, f"eval_step_{step:06d}.jsonl")
             write_samples(path, samples, scores, labels, totals=total)
             if self.episodes and samples:
-                _episode_strip(os.path.splitext(path)[0] + "_episode.png", samples[0])
+                _episode_strip(os.path.splitext(path)[0] + "_episode.png", samples)
         return out

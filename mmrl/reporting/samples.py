@@ -36,16 +36,20 @@ def write_grid(path: str, images: list, columns: int = 8) -> None:
 
 
 def write_strip(path: str, images: list, captions: list[str], side: int = 112) -> None:
-    """Save PIL images side by side (each resized to side x side, nearest) with a caption under each:
-    one episode's observations and the move made from each."""
+    """Save PIL images side by side (each resized to `side` pixels high, its aspect kept, nearest) with a caption
+    under each: one episode's observations and the move made from each."""
     from PIL import Image, ImageDraw
 
     pad = 14
-    strip = Image.new("RGB", (len(images) * (side + 4), side + pad), "white")
+    sized = [im.convert("RGB").resize((max(1, round(side * im.width / im.height)), side), Image.NEAREST)
+             for im, _ in zip(images, captions)]
+    strip = Image.new("RGB", (sum(im.width + 4 for im in sized), side + pad), "white")
     draw = ImageDraw.Draw(strip)
-    for i, (im, caption) in enumerate(zip(images, captions)):
-        strip.paste(im.convert("RGB").resize((side, side), Image.NEAREST), (i * (side + 4), 0))
-        draw.text((i * (side + 4) + 2, side + 1), caption[:18], fill="black")
+    x = 0
+    for im, caption in zip(sized, captions):
+        strip.paste(im, (x, 0))
+        draw.text((x + 2, side + 1), caption[:max(18, im.width // 6)], fill="black")
+        x += im.width + 4
     strip.save(path)
 
 

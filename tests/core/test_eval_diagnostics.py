@@ -55,3 +55,37 @@ def test_the_episode_strip_labels_a_tool_call_by_the_call_not_as_invalid():
                                                                          {"name": "crop", "arguments": {"x1": 1, "y1": 2}}]]}
     assert reply_labels(malformed) == ["?(...); crop(1, 2)"]
     assert reply_labels({EpisodeMeta.ACTIONS: ["left", None]}) == ["left", "(invalid)"]     # a run without tools
+
+
+def test_a_multi_role_episode_strip_shows_every_roles_view_of_the_first_joint_episode(tmp_path, monkeypatch):
+    """The speaker's target (56 x 56) and the listener's four candidates (224 x 56, its aspect kept) of the first
+    held-out seed, each captioned with its role and move, the last one with the team's outcome; the next seed's
+    samples are not in it."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from mmrl.episodes import EpisodeMeta
+    from mmrl.loop.evaluation import _episode_strip
+
+    def sample(seed, role, image, action, success):
+        return SimpleNamespace(images=[image], meta={EpisodeMeta.SEED: seed, EpisodeMeta.ROLE: role,
+                                                     EpisodeMeta.ACTIONS: [action], EpisodeMeta.SUCCESS: success})
+
+    target, candidates = Image.new("RGB", (56, 56), "red"), Image.new("RGB", (224, 56), "blue")
+    samples = [sample(7, "speaker", target, "red", True), sample(7, "listener", candidates, "2", True),
+               sample(8, "speaker", target, None, False), sample(8, "listener", candidates, "1", False)]
+    path = str(tmp_path / "strip.png")
+    _episode_strip(path, samples)
+    strip = Image.open(path).convert("RGB")
+    assert strip.size == (112 + 4 + 448 + 4, 112 + 14)
+    assert strip.getpixel((50, 50)) == (255, 0, 0) and strip.getpixel((116 + 300, 50)) == (0, 0, 255)
+    seen = []
+    monkeypatch.setattr("mmrl.loop.evaluation.write_strip", lambda p, images, captions: seen.append(captions))
+    _episode_strip(path, samples)
+    assert seen == [["speaker: red", "listener: 2 (solved)"]]
+    monkeypatch.undo()
+    single = str(tmp_path / "single.png")                        # a one-role episode: observations, then the end
+    _episode_strip(single, [SimpleNamespace(images=[target], meta={EpisodeMeta.ACTIONS: ["left"],
+                                                                   EpisodeMeta.FINAL_IMAGE: target})])
+    assert Image.open(single).size == (2 * 116, 126)
