@@ -141,9 +141,6 @@ def check(cfg) -> None:
 def unsupported(cfg) -> None:
     """What multi-role episodes do not run with yet (a ConfigError naming the key), checked at load when the config
     names roles and again when the run finds that its environment has roles."""
-    if cfg.tools:
-        raise ConfigError("config key 'tools': tool calls in multi-role episodes are not supported yet; remove the "
-                          "tools or the roles")
     a = cfg.asynchronous
     if a.enabled and a.interrupt:
         raise ConfigError("config key 'asynchronous.interrupt': a joint episode's replies are not interrupted for "

@@ -14,7 +14,13 @@ environment shows it (the listener reads the speaker's message in its observatio
 a single-role episode's is (`vlm.trajectory` views; its history window `env.history_turns`), so a role's log-probs
 at training time are exactly those its policy sampled with (ratio 1).
 
-Randomness: reply j of the group's role r at turn t draws from `turn_seed(prompt seed, j, t * R + r)` (R roles),
+Tools (`tools:`): every policy calls the run's tools in its own template's format. A role's reply that calls them
+is answered with their results and the role replies again in the same turn (the environment waits for its
+action), up to `env.max_tool_calls` times per turn; the calls of the whole episode count against that limit
+as in a one-role episode, and a reply after the last allowed round is the role's action whatever it holds.
+
+Randomness: reply j of the group's role r at turn t draws from `turn_seed(prompt seed, j, t * R + r)` (R roles;
+its c-th reply of the turn after tool results from `turn_seed(prompt seed, j, (c * T + t) * R + r)`, T turns),
 and one generate call holds one role's replies of one group: trajectories do not depend on the process split or
 on the other groups. Every role must act at least once in every episode (a role that never acts has nothing to
 train); the environment's reset must give the same observations for the same seed.
@@ -23,6 +29,7 @@ train); the environment's reset must give the same observations for the same see
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass, field
 
 import torch
@@ -113,7 +120,8 @@ class RoleRunner:
                                       f"{head.input_ids.numel()} tokens (> max_prompt_tokens="
                                       f"{runner.cfg.max_prompt_tokens} of its policy); raise it")
                 e.trajs[role] = Trajectory(e.env, e.seed, obs, [head], instructions=instructions, seen=[obs],
-                                           heads={0: head}, shown_features=[head.features], system=system)
+                                           heads={0: head}, shown_features=[head.features], system=system,
+                                           tool_names=tuple(runner.tools.names) if runner.tools else ())
                 continue
             seg, ended = e.pending.pop(role)
             t.obs = obs
@@ -124,33 +132,61 @@ class RoleRunner:
 
     # ------------------------------------------------------------------ one turn of a group
     def _act(self, group: list[Joint], role: str, r: int, turn: int, spec, prompt_seed: int) -> dict:
-        """The replies of `role` in the group's live episodes where it acts: {j: action text or None}."""
+        """The replies of `role` in the group's live episodes where it acts: {j: action text or None}. With tools,
+        a reply that calls them gets their results and the role replies again in the same turn (the environment
+        waits), up to env.max_tool_calls times; the reply after that is its action whatever it holds."""
         runner = self._runner(role)
-        live = []                                   # (j, context); a context past max_prompt_tokens ends its episode
-        for j, e in enumerate(group):
-            if not e.done and role in e.obs:
-                live += [(j, x) for _, x in runner.live_contexts([e.trajs[role]])]
-        if not live:
-            return {}
-        seeds = None if spec.greedy else [turn_seed(prompt_seed, j, turn * len(self.order) + r) for j, _ in live]
-        outs = runner.p.backend.sample_rows([x for _, x in live], spec, seeds, self.device)
+        calls = runner.tools.max_calls if runner.tools is not None else 0
+        waiting = [j for j, e in enumerate(group) if not e.done and role in e.obs]
         actions = {}
-        for (j, _), (tokens, ended) in zip(live, outs):
-            e, t = group[j], group[j].trajs[role]
-            reply = runner.p.model.tokenizer.decode(tokens, skip_special_tokens=True)
-            t.states.append(state_key(t.obs))
-            t.tool_calls.append([])
-            action = extract_action(reply, runner.tagged)
-            t.replies.append(reply)
-            t.reply_tokens.append(int(tokens.numel()))
-            t.actions.append(action)
-            t.rewards.append(e.owed.pop(role, 0.0))
-            seg = reply_segment(tokens)
-            t.context.append(seg)
-            t.actions_so_far += int(tokens.numel())
-            e.pending[role] = (seg, ended)
-            actions[j] = action
+        for c in range(calls + 1):
+            live = []                               # (j, context); a context past max_prompt_tokens ends its episode
+            for j in waiting:
+                live += [(j, x) for _, x in runner.live_contexts([group[j].trajs[role]])]
+            if not live:
+                break
+            # the c-th reply of a turn: its own seeds (c = 0: the seeds of a run without tools)
+            at = (c * self.env_cfg.max_turns + turn) * len(self.order) + r
+            seeds = None if spec.greedy else [turn_seed(prompt_seed, j, at) for j, _ in live]
+            outs = runner.p.backend.sample_rows([x for _, x in live], spec, seeds, self.device)
+            waiting = []
+            for (j, _), (tokens, ended) in zip(live, outs):
+                e, t = group[j], group[j].trajs[role]
+                reply = runner.p.model.tokenizer.decode(tokens, skip_special_tokens=True)
+                t.states.append(state_key(t.obs, t.results_seen))
+                seg = self._record(e, t, role, reply, tokens)
+                if c < calls and runner.tools.has_calls(reply):
+                    self._answer_calls(runner, t, reply, seg, ended)
+                    waiting.append(j)
+                    continue
+                t.tool_calls.append([])
+                t.results_seen = ""
+                t.actions[-1] = extract_action(reply, runner.tagged)
+                e.pending[role] = (seg, ended)
+                actions[j] = t.actions[-1]
         return actions
+
+    @staticmethod
+    def _record(e: Joint, t: Trajectory, role: str, reply: str, tokens):
+        """A reply of `role` (its tokens the next action columns; no action yet); returns its segment."""
+        t.replies.append(reply)
+        t.reply_tokens.append(int(tokens.numel()))
+        t.actions.append(None)
+        t.rewards.append(e.owed.pop(role, 0.0))
+        seg = reply_segment(tokens)
+        t.context.append(seg)
+        t.actions_so_far += int(tokens.numel())
+        return seg
+
+    @staticmethod
+    def _answer_calls(runner, t: Trajectory, reply: str, seg, ended: bool) -> None:
+        """A reply that calls tools: their results (every failure shown, `tools.box`) follow it as a tool turn."""
+        used = sum(len(calls) for calls in t.tool_calls)
+        records, results = runner.tools.run(reply, t.obs, used)
+        t.tool_calls.append([rec.as_dict() for rec in records])
+        t.results_seen += json.dumps(t.tool_calls[-1], sort_keys=True, default=str)
+        runner._follow(t, seg, runner.template.tool_turn(results, ended), None)
+        runner._window(t)
 
     def _step(self, e: Joint, actions: dict, turn: int) -> None:
         """Step the environment with the acting roles' actions; credit every role; show the next observations."""

@@ -66,7 +66,6 @@ def test_team_config_loads_and_round_trips(tmp_path):
     (["policies.listener.extra=1"], r"policies\.listener\.extra.*policy, optim"),
     (["policies.listener.policy.backend=vllm"], r"policies\.listener\.policy\.backend"),
     (["+policies.Listener.policy.name=vlm"], r"policies\.Listener.*lowercase"),
-    (["tools=[zoom]"], r"'tools'.*multi-role"),
     (["asynchronous.enabled=true", "asynchronous.interrupt=true"], r"asynchronous\.interrupt.*mid-episode"),
     (["asynchronous.enabled=true", "asynchronous.reward_workers=1"], r"asynchronous\.reward_workers.*played"),
     (["distributed.strategy=fsdp"], r"distributed\.strategy.*ddp"),
@@ -78,9 +77,10 @@ def test_roles_errors_name_the_key_at_load(overrides, match):
         load_config(TEAM, overrides)
 
 
-def test_a_team_runs_asynchronously():
+def test_a_team_runs_asynchronously_and_with_tools():
     cfg = load_config(TEAM, ["asynchronous.enabled=true", "asynchronous.max_staleness=1"])
     assert cfg.asynchronous.enabled and cfg.policies["listener"].policy.name == "vlm"
+    assert load_config(TEAM, ["tools=[zoom]"]).tools == ["zoom"]
 
 
 def test_named_policies_need_a_multi_role_env(tmp_path):

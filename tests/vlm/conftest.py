@@ -76,3 +76,41 @@ def assert_same_scores():
             torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
     return check
+
+
+class _Script:
+    """Wraps the backend's `sample_rows` and `sample_turns` (the cross-turn cache's path, vlm/turn_cache.py):
+    `replies(k, i)` -> the text of row i of generate call k, or None for the model's own sample. Records every
+    call's contexts and what was returned. (A scripted reply is not what the cache read: the next turn's context
+    does not extend it, and that trajectory is prefilled afresh.)"""
+
+    def __init__(self, policy, replies):
+        self.policy, self.replies, self.calls = policy, replies, []
+        self.real, self.real_turns = policy.p.backend.sample_rows, policy.p.backend.sample_turns
+        tok = policy.p.model.tokenizer
+        self.encode = lambda text: torch.tensor(tok(text, add_special_tokens=False).input_ids
+                                                + [policy.p.tokens.stop_ids[0]])
+        policy.p.backend.sample_rows = self
+        policy.p.backend.sample_turns = self.turns
+
+    def turns(self, contexts, spec, seeds, device, states):
+        outs, states = self.real_turns(contexts, spec, seeds, device, states)
+        return self._script(contexts, list(outs)), states
+
+    def __call__(self, contexts, spec, seeds, device):
+        return self._script(contexts, list(self.real(contexts, spec, seeds, device)))
+
+    def _script(self, contexts, outs):
+        k = len(self.calls)
+        for i in range(len(outs)):
+            text = self.replies(k, i)
+            if text is not None:
+                outs[i] = (self.encode(text), True)
+        self.calls.append(([x.input_ids.clone() for x in contexts], [o[0].clone() for o in outs]))
+        return outs
+
+
+@pytest.fixture
+def script():
+    """`script(policy, replies)`: scripted replies in a policy's episodes (`_Script`); returns the recorder."""
+    return _Script

@@ -98,3 +98,42 @@ def test_a_shared_policy_plays_two_roles_at_once_with_role_prompts(tmp_path):
     row = run.learner.update(batch, 0)
     assert row["policy/ratio/first_max_abs_dev"].value == 0.0
     run.generator.close()
+
+
+def test_a_role_calls_tools_and_acts_after_their_results_in_the_same_turn(tmp_path, script):
+    """The speaker's first reply in trajectories 0 and 2 of each group calls `lookup` (scripted; the others are the
+    model's own): the environment waits, the result follows the call in the speaker's context, the speaker replies
+    again and that reply is its message; the listener reads the message, never the call. Every trained token is a
+    generated one (ratio exactly 1) and the calls are counted in the speaker's metrics."""
+    import json
+
+    from mmrl.episodes import EpisodeMeta
+
+    tools = os.path.join(REPO, "tests", "vlm", "agent_tools.py") + ":lookup"
+    run = team_run(tmp_path, f"tools=['{tools}']", "env.max_tool_calls=2", "policy.max_prompt_tokens=1024",
+                   "policies.listener.policy.max_prompt_tokens=1024")
+    speaker = run.learner.learners["policy"].policy
+    calls = json.dumps({"name": "lookup", "arguments": {"key": "left"}})
+    recorder = script(speaker, lambda k, i: f"<tool_call>\n{calls}\n</tool_call>" if k in (0, 2) and i in (0, 2)
+                      else None)
+    batch = run.generator.next_batch(0)
+    assert [len(outs) for _, outs in recorder.calls] == [4, 2, 4, 2]   # per seed: the group, then the two callers
+    ro = batch.batches["policy"].rollout
+    listeners = batch.batches["listener"].rollout.samples
+    tok = speaker.p.model.tokenizer
+    for j, (s, heard, views) in enumerate(zip(ro.samples, listeners, ro.state["views"])):
+        called = j % 4 in (0, 2)
+        made = s.meta[EpisodeMeta.TOOL_CALLS]
+        assert len(made) == len(s.meta[EpisodeMeta.ACTIONS]) == (2 if called else 1)
+        if called:
+            assert [c["result"] for c in made[0]] == ["go towards cell 0"] and made[0][0]["error"] is None
+            assert s.meta[EpisodeMeta.ACTIONS][0] is None and s.meta[EpisodeMeta.INVALID] == 0
+            seen = tok.decode(views[-1].inputs.input_ids)
+            assert seen.index("</tool_call>") < seen.index("<tool_response>\ngo towards cell 0\n</tool_response>")
+        message = " ".join(str(s.meta[EpisodeMeta.ACTIONS][-1] or "").split())[:200] or "(nothing)"
+        assert f"Your partner's message: {message}" in heard.prompt and "tool_call" not in heard.prompt
+    assert batch.metrics["policy/tools/lookup/calls"].value == 0.5     # per episode: 2 of each 4 call once
+    assert batch.metrics["listener/tools/calls_per_episode"].value == 0
+    row = run.learner.update(batch, 0)
+    assert row["policy/ratio/first_max_abs_dev"].value == 0.0 and row["listener/ratio/first_max_abs_dev"].value == 0.0
+    run.generator.close()

@@ -2,8 +2,8 @@
 counted, token-exact trajectories across tool boundaries with images for both tiny families, the on-policy
 ratio exactly 1 on tool trajectories, and a template's own tool rendering equal to the format's fallback.
 
-Replies that call tools are scripted (a random tiny model writes no JSON): a wrapper around the backend's
-`sample_rows` replaces the sampled tokens of chosen (call, row) pairs with a tokenized reply and passes the
+Replies that call tools are scripted (a random tiny model writes no JSON): the `script` fixture wraps the backend's
+`sample_rows` and replaces the sampled tokens of chosen (call, row) pairs with a tokenized reply, passing the
 others through, so every other reply is the model's own sample."""
 
 from __future__ import annotations
@@ -50,44 +50,12 @@ def tool_agent(tmp_path):
     return make
 
 
-class Script:
-    """Wraps the backend's `sample_rows` and `sample_turns` (the cross-turn cache's path, vlm/turn_cache.py):
-    `replies(k, i)` -> the text of row i of generate call k, or None for the model's own sample. Records every
-    call's contexts and what was returned. (A scripted reply is not what the cache read: the next turn's context
-    does not extend it, and that trajectory is prefilled afresh.)"""
-
-    def __init__(self, policy, replies):
-        self.policy, self.replies, self.calls = policy, replies, []
-        self.real, self.real_turns = policy.p.backend.sample_rows, policy.p.backend.sample_turns
-        tok = policy.p.model.tokenizer
-        self.encode = lambda text: torch.tensor(tok(text, add_special_tokens=False).input_ids
-                                                + [policy.p.tokens.stop_ids[0]])
-        policy.p.backend.sample_rows = self
-        policy.p.backend.sample_turns = self.turns
-
-    def turns(self, contexts, spec, seeds, device, states):
-        outs, states = self.real_turns(contexts, spec, seeds, device, states)
-        return self._script(contexts, list(outs)), states
-
-    def __call__(self, contexts, spec, seeds, device):
-        return self._script(contexts, list(self.real(contexts, spec, seeds, device)))
-
-    def _script(self, contexts, outs):
-        k = len(self.calls)
-        for i in range(len(outs)):
-            text = self.replies(k, i)
-            if text is not None:
-                outs[i] = (self.encode(text), True)
-        self.calls.append(([x.input_ids.clone() for x in contexts], [o[0].clone() for o in outs]))
-        return outs
-
-
 def batch(seeds=(3,)) -> PromptBatch:
     return PromptBatch(rows=[{"env_seed": s} for s in seeds], index=list(range(len(seeds))),
                        seeds=[100 + i for i in range(len(seeds))], step=0)
 
 
-def test_every_failure_of_a_call_is_shown_to_the_model_and_counted(tool_agent):
+def test_every_failure_of_a_call_is_shown_to_the_model_and_counted(tool_agent, script):
     tools = [f"{TOOLS_FILE}:lookup", {"name": f"{TOOLS_FILE}:sleepy", "timeout_s": 0.2}, f"{TOOLS_FILE}:broken"]
     policy = tool_agent(tools=tools, max_turns=3, max_tool_calls=6)
     reply = "".join([call("lookup", key="right"),                        # fine
@@ -97,7 +65,7 @@ def test_every_failure_of_a_call_is_shown_to_the_model_and_counted(tool_agent):
                      call("sleepy", seconds=5),                            # timeout
                      call("broken", n=3),                                  # exception
                      call("lookup", key="left")])                          # limit (the 7th call)
-    Script(policy, lambda k, i: reply if k == 0 else None)
+    script(policy, lambda k, i: reply if k == 0 else None)
     ro = policy.rollout(batch(), 2)
     for s in ro.samples:
         calls = s.meta[EpisodeMeta.TOOL_CALLS][0]
@@ -128,13 +96,13 @@ SCRIPT = {0: call("picture", color="red"), 2: call("zoom", region="top-left") + 
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava"])
-def test_trained_ids_are_the_generated_ids_at_every_tool_boundary_with_images(tool_agent, family):
+def test_trained_ids_are_the_generated_ids_at_every_tool_boundary_with_images(tool_agent, script, family):
     """Calls 0 and 2 of every trajectory call tools that return images (a generated picture, a zoom of the
     observation); calls 1 and 3 are the model's samples (env steps). Every reply is scored in exactly the
     context it was generated from, and the trained ids are exactly the generated ones."""
     policy = tool_agent(family, tools=[f"{TOOLS_FILE}:picture", "zoom"], max_turns=4, length=8,
                         policy={"max_new_tokens": 6})
-    script = Script(policy, lambda k, i: SCRIPT.get(k))
+    script = script(policy, lambda k, i: SCRIPT.get(k))
     ro = policy.rollout(batch((5,)), 2)
     for j in range(len(ro)):
         (view,) = ro.state["views"][j]
@@ -158,9 +126,9 @@ def test_trained_ids_are_the_generated_ids_at_every_tool_boundary_with_images(to
     assert len(script.calls) == 4
 
 
-def test_on_policy_ratio_is_exactly_one_on_tool_trajectories(tool_agent):
+def test_on_policy_ratio_is_exactly_one_on_tool_trajectories(tool_agent, script):
     policy = tool_agent(tools=[f"{TOOLS_FILE}:picture", "zoom"], max_turns=4, length=8)
-    Script(policy, lambda k, i: SCRIPT.get(k) if i != 1 else None)         # trajectory 1 of each group: no tools
+    script(policy, lambda k, i: SCRIPT.get(k) if i != 1 else None)         # trajectory 1 of each group: no tools
     ro = policy.rollout(batch((3, 4)), 3)
     assert ro.log_probs is not None and ro.mask.sum() > 40
     for idx in (torch.tensor([5, 0, 3]), torch.tensor([1]), torch.tensor([2, 4])):
@@ -168,11 +136,11 @@ def test_on_policy_ratio_is_exactly_one_on_tool_trajectories(tool_agent):
         assert torch.equal(new.detach() * ro.mask[idx], ro.log_probs[idx] * ro.mask[idx])
 
 
-def test_a_history_window_keeps_the_results_of_the_kept_calls(tool_agent):
+def test_a_history_window_keeps_the_results_of_the_kept_calls(tool_agent, script):
     """With env.history_turns=1 the context after a call is the current observation, the call and its result;
     each reply is still scored in the context it was generated from."""
     policy = tool_agent(tools=[f"{TOOLS_FILE}:picture"], max_turns=4, history_turns=1, length=8)
-    script = Script(policy, lambda k, i: call("picture", color="green") if k in (0, 1) else None)
+    script = script(policy, lambda k, i: call("picture", color="green") if k in (0, 1) else None)
     ro = policy.rollout(batch((5,)), 1)
     views = ro.state["views"][0]
     tok = policy.p.model.tokenizer
@@ -245,9 +213,9 @@ def test_a_template_that_renders_tools_gives_the_same_tokens_as_the_format(tool_
         assert len(a.images) == 1
 
 
-def test_tools_announced_in_the_first_prompt_and_reward_samples_keep_the_calls(tool_agent):
+def test_tools_announced_in_the_first_prompt_and_reward_samples_keep_the_calls(tool_agent, script):
     policy = tool_agent(tools=[f"{TOOLS_FILE}:lookup"], max_turns=2)
-    Script(policy, lambda k, i: call("lookup", key="left") if k == 0 else None)
+    script(policy, lambda k, i: call("lookup", key="left") if k == 0 else None)
     ro = policy.rollout(batch(), 2)
     s = ro.samples[0]
     first = policy.p.model.tokenizer.decode(ro.state["views"][0][0].inputs.input_ids)
