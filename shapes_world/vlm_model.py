@@ -42,14 +42,17 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     return tiny.qwen2_5_vl_tokenizer(corpus(), vocab_size)
 
 
-def build(seed: int = 0, tokenizer=None, max_positions: int = 512, vision: dict | None = None):
+def build(seed: int = 0, tokenizer=None, max_positions: int = 512, vision: dict | None = None,
+          text: dict | None = None):
     """(model, processor): a randomly initialised tiny Qwen2.5-VL and its processor, over `tokenizer`
-    (default: the shapes world's, `build_tokenizer()`); `vision` replaces entries of the vision config."""
+    (default: the shapes world's, `build_tokenizer()`); `vision` and `text` replace entries of the vision and
+    language model configs."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     tok = tokenizer if tokenizer is not None else build_tokenizer()
     processor = tiny.qwen2_5_vl_processor(tok, MODEL_SIDE * MODEL_SIDE, MODEL_SIDE * MODEL_SIDE)
-    cfg = tiny.qwen2_5_vl_config(tok, text=dict(max_position_embeddings=max_positions, tie_word_embeddings=True),
+    cfg = tiny.qwen2_5_vl_config(tok, text=dict(max_position_embeddings=max_positions, tie_word_embeddings=True,
+                                                **(text or {})),
                                  vision={"intermediate_size": 256, "window_size": MODEL_SIDE,
                                          "fullatt_block_indexes": [0, 1], **(vision or {})})
     with torch.random.fork_rng(devices=[]):
