@@ -292,3 +292,12 @@ def rendered_report():
         return int(figures.group(1)), int(rendered.group(1)), done.stdout
 
     return render
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for the tests of one module (the asynchronous trainer's integration runs)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -114,14 +114,6 @@ def test_staleness_rules(rule, start_cases, keep_cases):
 
 
 # --- integration: runs on a local Ray cluster -----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 def _train(config: str, out_dir, *overrides: str) -> str:
     from mmrl.loop.trainer import train
 

@@ -54,14 +54,6 @@ def test_a_worker_plays_the_teams_rounds_with_each_policys_weights_and_behaviour
         worker.generate(1, [3, 5], 3, [version[:1]])
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 def _weights(run_dir) -> dict:
     from safetensors.torch import load_file
 
