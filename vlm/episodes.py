@@ -184,8 +184,9 @@ class EpisodeRunner:
         nxt = self.template.turn(text, image, ended)
         self._follow(t, seg, nxt, nxt.features if image is not None else None)
 
-    def _reply(self, t: Trajectory, reply: str, tokens, action, reward: float, turn: int):
-        """Record a reply (its tokens the next action columns) and whether the episode ends with it."""
+    @staticmethod
+    def append_reply(t: Trajectory, reply: str, tokens, action, reward: float):
+        """Record a reply, its action and reward (its tokens the next action columns); returns its segment."""
         t.replies.append(reply)
         t.reply_tokens.append(int(tokens.numel()))
         t.actions.append(action)
@@ -193,6 +194,20 @@ class EpisodeRunner:
         seg = reply_segment(tokens)
         t.context.append(seg)
         t.actions_so_far += int(tokens.numel())
+        return seg
+
+    def call_tools(self, t: Trajectory, reply: str) -> list:
+        """Answer a reply's tool calls (every failure shown to the model, `tools.box`; the episode's earlier calls
+        count against the limit) and record them; returns the results to show."""
+        used = sum(len(calls) for calls in t.tool_calls)
+        records, results = self.tools.run(reply, t.obs, used)
+        t.tool_calls.append([r.as_dict() for r in records])
+        t.results_seen += json.dumps(t.tool_calls[-1], sort_keys=True, default=str)
+        return results
+
+    def _reply(self, t: Trajectory, reply: str, tokens, action, reward: float, turn: int):
+        """Record a reply (its tokens the next action columns) and whether the episode ends with it."""
+        seg = self.append_reply(t, reply, tokens, action, reward)
         t.done = t.terminated or t.truncated or turn + 1 >= self.env_cfg.max_turns
         t.truncated = t.truncated or (t.done and not t.terminated)
         if t.done:
@@ -210,10 +225,7 @@ class EpisodeRunner:
     def _tool_step(self, t: Trajectory, reply: str, tokens, ended: bool, turn: int) -> None:
         """A reply that calls tools: answer the calls (every failure shown to the model, `tools.box`); the
         environment does not move."""
-        used = sum(len(calls) for calls in t.tool_calls)
-        records, results = self.tools.run(reply, t.obs, used)
-        t.tool_calls.append([r.as_dict() for r in records])
-        t.results_seen += json.dumps(t.tool_calls[-1], sort_keys=True, default=str)
+        results = self.call_tools(t, reply)
         seg = self._reply(t, reply, tokens, None, 0.0, turn)
         if not t.done:
             self._follow(t, seg, self.template.tool_turn(results, ended), None)

@@ -29,7 +29,6 @@ train); the environment's reset must give the same observations for the same see
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass, field
 
 import torch
@@ -39,7 +38,6 @@ from mmrl.episodes import SEED_KEY
 from mmrl.roles import credited, policies_of
 from mmrl.types import PromptBatch
 from vlm.episodes import Trajectory, _obs_key, extract_action, samples_of, state_key, turn_seed
-from vlm.turns import reply_segment
 
 
 @dataclass(eq=False)
@@ -154,9 +152,10 @@ class RoleRunner:
                 e, t = group[j], group[j].trajs[role]
                 reply = runner.p.model.tokenizer.decode(tokens, skip_special_tokens=True)
                 t.states.append(state_key(t.obs, t.results_seen))
-                seg = self._record(e, t, role, reply, tokens)
-                if c < calls and runner.tools.has_calls(reply):
-                    self._answer_calls(runner, t, reply, seg, ended)
+                seg = runner.append_reply(t, reply, tokens, None, e.owed.pop(role, 0.0))   # its action: below
+                if c < calls and runner.tools.has_calls(reply):          # the results follow as a tool turn
+                    runner._follow(t, seg, runner.template.tool_turn(runner.call_tools(t, reply), ended), None)
+                    runner._window(t)
                     waiting.append(j)
                     continue
                 t.tool_calls.append([])
@@ -165,28 +164,6 @@ class RoleRunner:
                 e.pending[role] = (seg, ended)
                 actions[j] = t.actions[-1]
         return actions
-
-    @staticmethod
-    def _record(e: Joint, t: Trajectory, role: str, reply: str, tokens):
-        """A reply of `role` (its tokens the next action columns; no action yet); returns its segment."""
-        t.replies.append(reply)
-        t.reply_tokens.append(int(tokens.numel()))
-        t.actions.append(None)
-        t.rewards.append(e.owed.pop(role, 0.0))
-        seg = reply_segment(tokens)
-        t.context.append(seg)
-        t.actions_so_far += int(tokens.numel())
-        return seg
-
-    @staticmethod
-    def _answer_calls(runner, t: Trajectory, reply: str, seg, ended: bool) -> None:
-        """A reply that calls tools: their results (every failure shown, `tools.box`) follow it as a tool turn."""
-        used = sum(len(calls) for calls in t.tool_calls)
-        records, results = runner.tools.run(reply, t.obs, used)
-        t.tool_calls.append([rec.as_dict() for rec in records])
-        t.results_seen += json.dumps(t.tool_calls[-1], sort_keys=True, default=str)
-        runner._follow(t, seg, runner.template.tool_turn(results, ended), None)
-        runner._window(t)
 
     def _step(self, e: Joint, actions: dict, turn: int) -> None:
         """Step the environment with the acting roles' actions; credit every role; show the next observations."""
