@@ -109,11 +109,26 @@ def flux_lora(h: int, double: int, single: int, r: int = LORA_RANK) -> float:
     return double * (16 + 20) * h * r + single * 6 * h * r
 
 
+def wan_block(h: int, ffn: int) -> float:
+    """One Wan 2.1 block: self-attention and cross-attention q, k, v, out (8 h^2; the text is projected to h
+    once, at the root) and the MLP h -> ffn -> h; the adaLN table (6 h) and norms are left out."""
+    return 8 * h * h + 2 * h * ffn
+
+
+def wan_lora(h: int, ffn: int, layers: int, r: int = LORA_RANK) -> float:
+    """mmrl's Wan targets (diffusion/families/wan.py): attn1 and attn2 q, k, v, out (8 x 2 h r) and both MLP
+    layers (2 (h + ffn) r) of every block."""
+    return layers * (16 * h + 2 * (h + ffn)) * r
+
+
 # ---------------------------------------------------------------- the models
 
 # Frozen text-to-image parts, parameter counts of the Hugging Face checkpoints (approximate): CLIP-L/14
 # text encoder, OpenCLIP bigG/14 text encoder, T5 v1.1 XXL encoder, the 16-channel autoencoder
 CLIP_L, CLIP_G, T5_XXL, VAE = 0.123e9, 0.695e9, 4.76e9, 0.084e9
+# Wan 2.1's: the UMT5-XXL encoder (T5-XXL's with a 256k vocabulary: 4.76B + 0.92B more embeddings) and its
+# causal 3D VAE (127M in the Wan report)
+UMT5_XXL, WAN_VAE = 5.68e9, 0.127e9
 
 MODELS = (
     # Qwen/Qwen2.5-VL-3B-Instruct: 3.75B in all, vision tower ~0.67B (32 ViT blocks, 1280 wide, + merger);
@@ -132,6 +147,11 @@ MODELS = (
     # blocks of width 3072 (24 heads x 128); CLIP-L + T5-XXL encoders, VAE
     Model("FLUX.1-dev", 11.9e9, ((19, flux_double_block(3072)), (38, flux_single_block(3072))),
           (("CLIP-L", CLIP_L), ("T5-XXL", T5_XXL), ("VAE", VAE)), flux_lora(3072, 19, 38)),
+    # Wan-AI/Wan2.1-T2V-1.3B-Diffusers: transformer 1.3B on the card, 1.42B counted (30 blocks of width 1536,
+    # 12 heads x 128, MLP 8960, plus ~26M of patch, text and time embeddings and the output head);
+    # UMT5-XXL encoder, Wan VAE. Activations (3510 tokens per forward for 33 frames at 240 x 416) excluded.
+    Model("Wan2.1-T2V-1.3B", 1.42e9, ((30, wan_block(1536, 8960)),), (("UMT5-XXL", UMT5_XXL), ("VAE", WAN_VAE)),
+          wan_lora(1536, 8960, 30)),
 )
 
 

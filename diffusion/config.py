@@ -16,21 +16,24 @@ from mmrl.config import ConfigError
 @dataclass(frozen=True)
 class Config:
     name: str = "diffusion"
-    model: str = "tiny:sd3"               # hub id, local pipeline folder, or tiny:<sd3|sd|sd_v|flux> (tiny.py)
-    family: str = "auto"                  # auto (model_index.json) | sd3 | sd | flux
+    model: str = "tiny:sd3"               # hub id, local pipeline folder, or tiny:<sd3|sd|sd_v|flux|wan> (tiny.py)
+    family: str = "auto"                  # auto (model_index.json) | sd3 | sd | flux | wan
     revision: Optional[str] = None        # hub revision / variant passed to from_pretrained
     variant: Optional[str] = None
     prompt_key: str = "prompt"            # record field holding the prompt text
     negative_prompt: str = ""             # the unconditional prompt of CFG (encoded once)
-    height: int = 0                       # image size in pixels; 0 = the model's default
+    height: int = 0                       # image / frame size in pixels; 0 = the model's default
     width: int = 0
-    max_sequence_length: int = 256        # T5 tokens (sd3, flux)
+    num_frames: int = 0                   # video families (wan): frames per clip (4k + 1); 0 = the model's default
+    fps: float = 16.0                     # video families: frame rate of the clips (saved samples, rewards)
+    max_sequence_length: int = 256        # T5 tokens (sd3, flux, wan; WanPipeline uses 512)
     prediction_type: Optional[str] = None  # sd: epsilon | v_prediction; None = the scheduler config's
     guidance_scale: float = 4.5           # CFG scale (sd3, sd; <= 1 disables CFG); flux: the guidance embedding
     eval_guidance_scale: Optional[float] = None  # evaluation images' scale; None = guidance_scale (1.0 here with CFG at eval: training without CFG)
     rollout_steps: int = 10               # S, denoising steps of a training rollout (denoising reduction)
     eval_steps: int = 40                  # ODE steps of evaluation images
     sde_schedule: str = "flow_grpo"       # flow families: flow_grpo (g = a sqrt(s/(1-s))) | dance_grpo (g = eta)
+                                          # | linear (g = a (s_min + (s_max - s_min) s), Flow-GRPO's Wan, a = 1)
                                           # | cps (coefficient-preserving: std = s' sin(a pi/2))
     noise_level: float = 0.7              # a (flow_grpo; cps, in [0, 1]), eta (dance_grpo), or DDIM eta (sd)
     shared_noise: bool = False            # one initial noise per group (DanceGRPO), seeded from the prompt seed
@@ -40,6 +43,7 @@ class Config:
     gradient_checkpointing: bool = False
     forward_batch: int = 8                # denoiser rows per forward, always exactly this many (padded)
     decode_batch: int = 0                 # VAE rows per decode, always exactly this many (padded); 0 = forward_batch
+                                          # (images) or 1 (video families)
     text_cache_size: int = 256            # prompts whose text embeddings are kept (LRU) across steps; 0 = re-encode
 
 
@@ -64,6 +68,13 @@ def validate(cfg: Config) -> None:
     if cfg.decode_batch < 0:
         raise ValueError(f"config key 'policy.decode_batch' must be >= 1, or 0 for forward_batch; "
                          f"got {cfg.decode_batch}")
+    if cfg.num_frames < 0:
+        raise ValueError(f"config key 'policy.num_frames' must be >= 0 (0 = the model's default); got {cfg.num_frames}")
+    if cfg.num_frames and cfg.family in families.FAMILIES and cfg.family not in families.VIDEO_FAMILIES:
+        raise ValueError(f"config key 'policy.num_frames' is for video families ({', '.join(families.VIDEO_FAMILIES)}); "
+                         f"policy.family={cfg.family!r} generates images: remove it or set it to 0")
+    if cfg.fps <= 0:
+        raise ValueError(f"config key 'policy.fps' must be > 0; got {cfg.fps}")
     if cfg.text_cache_size < 0:
         raise ValueError(f"config key 'policy.text_cache_size' must be >= 0 (prompts kept; 0 disables the cache), "
                          f"got {cfg.text_cache_size}")

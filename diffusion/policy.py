@@ -141,10 +141,11 @@ class DiffusionPolicy:
         self._check = check
 
     def _decode(self, latents: torch.Tensor) -> list:
-        """Images of latents [B, ...], decoded `decode_batch` rows per call with the last call padded, so
+        """Images (or videos) of latents [B, ...], decoded `decode_batch` rows per call with the last call padded, so
         an image never depends on how many others this process decodes with it (as for the denoiser: on
         CPU fp32 a VAE's output row changes in its last bits with the batch size and the row's position)."""
-        k, images = self.cfg.decode_batch or self.cfg.forward_batch, []
+        k = self.cfg.decode_batch or (1 if self.family.video else self.cfg.forward_batch)
+        images = []
         for lo in range(0, latents.shape[0], k):
             part = latents[lo:lo + k]                                         # [<=k, ...]
             pad = part.new_zeros(k - part.shape[0], *part.shape[1:])
@@ -295,6 +296,23 @@ def _setup_training(policy: DiffusionPolicy, cfg: Config, name: str, kl_beta: fl
         den.enable_gradient_checkpointing()
 
 
+def _check_sde(sched, cfg: Config, family: str) -> None:
+    """A flow SDE step is x' ~ N(a x + b v, std^2) with a = 1 + dt g^2 / (2 sigma); a <= 0 flips and blows up the
+    latent (flow_grpo's g = a sqrt(sigma / (1 - sigma)) at a first sigma just below 1, as Wan's UniPC sigmas start:
+    1 - 1e-6). Such a schedule is refused before anything is sampled."""
+    if not sched.flow or cfg.sde_schedule == "cps":
+        return
+    a = sched.coefs(cfg.noise_level).a                                        # [S]
+    bad = (a <= 0).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        raise ConfigError(
+            f"config keys 'policy.sde_schedule' / 'policy.noise_level': {cfg.sde_schedule} at noise level "
+            f"{cfg.noise_level} gives step {i} (sigma {float(sched.coef[i]):.7f} -> {float(sched.coef_next[i]):.7f}) of "
+            f"this {family} schedule a latent coefficient {float(a[i]):.4g} <= 0 (the SDE step diverges); use "
+            "sde_schedule=linear (Flow-GRPO's Wan trainer), dance_grpo or cps, or a lower noise_level")
+
+
 def build(cfg: Config, ctx) -> DiffusionPolicy:
     validate(cfg)
     if ctx.kl_beta != 0 and cfg.lora.rank == 0 and not cfg.reference:
@@ -306,14 +324,19 @@ def build(cfg: Config, ctx) -> DiffusionPolicy:
     name = families.detect(model, cfg.revision) if cfg.family == "auto" else cfg.family
     opts = families.FamilyOptions(device=ctx.device, dtype=_dtype(ctx.precision, ctx.device), height=cfg.height,
                                   width=cfg.width, negative_prompt=cfg.negative_prompt,
-                                  max_sequence_length=cfg.max_sequence_length, prediction_type=cfg.prediction_type,
+                                  max_sequence_length=cfg.max_sequence_length, num_frames=cfg.num_frames, fps=cfg.fps,
+                                  prediction_type=cfg.prediction_type,
                                   revision=cfg.revision, variant=cfg.variant)
+    if cfg.num_frames and name not in families.VIDEO_FAMILIES:
+        raise ConfigError(f"config key 'policy.num_frames' is for video families ({', '.join(families.VIDEO_FAMILIES)}); "
+                          f"model {cfg.model!r} is of the image family {name!r}: remove it or set it to 0")
     family = families.load(name, model, opts)
     policy = DiffusionPolicy(cfg, family, ctx.accelerator)
     if ctx.step_reweight and not policy.sched.flow:
         raise ddim_reweight_error(f"model {cfg.model!r} (family {name!r})")
     if ctx.objective == "nft" and not policy.sched.flow:
         raise nft.ddim_error(f"model {cfg.model!r} (family {name!r})")
+    _check_sde(policy.sched, cfg, name)
     policy.keep_means = ctx.ratio_norm
     policy.rollout_mode = getattr(ctx, "rollout", "gathered")
     _setup_training(policy, cfg, name, ctx.kl_beta)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-FLOW_SCHEDULES = ("flow_grpo", "dance_grpo", "cps")
+FLOW_SCHEDULES = ("flow_grpo", "dance_grpo", "linear", "cps")
 PREDICTION_TYPES = ("epsilon", "v_prediction")
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -149,7 +149,8 @@ def gaussian_step(c: StepCoefs, out: Tensor, sample: Tensor, prev_sample: Tensor
     return SDEStep(prev_sample, gaussian_log_prob(prev_sample, mean, c), mean.to(sample.dtype), std)
 
 
-def _flow_g(schedule: str, noise_level: float, sigma: Tensor, sigma_next: Tensor) -> Tensor:
+def _flow_g(schedule: str, noise_level: float, sigma: Tensor, sigma_next: Tensor,
+            sigma_range: tuple[float, float] | None) -> Tensor:
     if schedule == "flow_grpo":
         # Flow-GRPO (arXiv 2505.05470): g = a * sqrt(sigma / (1 - sigma)); where sigma == 1 the
         # denominator uses sigma_next instead (compared on the value, elementwise).
@@ -158,6 +159,14 @@ def _flow_g(schedule: str, noise_level: float, sigma: Tensor, sigma_next: Tensor
     if schedule == "dance_grpo":
         # DanceGRPO (arXiv 2505.07818): constant g = eta.
         return torch.full_like(sigma, float(noise_level))
+    if schedule == "linear":
+        # Flow-GRPO's Wan 2.1 trainer: g linear in sigma, g = a (sigma_min + (sigma_max - sigma_min) sigma) with
+        # sigma_max the schedule's second sigma and sigma_min its last (0), a = 1 there. Finite as sigma -> 1,
+        # where flow_grpo's sqrt(sigma / (1 - sigma)) is not (Wan's UniPC sigmas start at 1 - 1e-6, not 1).
+        if sigma_range is None:
+            raise ValueError("the linear SDE schedule needs sigma_range = (sigma_min, sigma_max) of its schedule")
+        lo, hi = sigma_range
+        return noise_level * (lo + (hi - lo) * sigma)
     raise ValueError(f"unknown flow SDE schedule {schedule!r}; valid: {', '.join(FLOW_SCHEDULES)}")
 
 
@@ -180,12 +189,13 @@ def _cps_coefs(sigma: Tensor, sigma_next: Tensor, noise_level: float) -> StepCoe
     return StepCoefs.of(1 + extra, (sigma_next - sigma) + extra * (1 - sigma), std)
 
 
-def flow_coefs(sigma: Tensor, sigma_next: Tensor, *, noise_level: float, schedule: str) -> StepCoefs:
+def flow_coefs(sigma: Tensor, sigma_next: Tensor, *, noise_level: float, schedule: str,
+               sigma_range: tuple[float, float] | None = None) -> StepCoefs:
     """The step coefficients of a flow-matching SDE from fp32 ``sigma`` and ``sigma_next`` of any one shape
     (see ``flow_sde_step``)."""
     if schedule == "cps":
         return _cps_coefs(sigma, sigma_next, noise_level)
-    g = _flow_g(schedule, noise_level, sigma, sigma_next)
+    g = _flow_g(schedule, noise_level, sigma, sigma_next, sigma_range)
     dt = sigma_next - sigma  # < 0
     # drift: v minus g^2/2 times the score, score = -(x + (1 - sigma) v) / sigma:
     # mean = x + dt (v + k (x + (1 - sigma) v)) with k = g^2 / (2 sigma) = (1 + dt k) x + dt (1 + k (1 - sigma)) v;
@@ -222,13 +232,15 @@ def flow_sde_step(
     *,
     noise_level: float,
     schedule: str = "flow_grpo",
+    sigma_range: tuple[float, float] | None = None,
     prev_sample: Tensor | None = None,
     generator: torch.Generator | None = None,
     variance_noise: Tensor | None = None,
 ) -> SDEStep:
     """Stochastic step of a flow-matching model (x_sigma = (1 - sigma) x0 + sigma noise, v = noise - x0).
 
-    ``schedule``: ``flow_grpo`` and ``dance_grpo`` are reverse SDEs with diffusion g(sigma) (the ODE's
+    ``schedule``: ``flow_grpo``, ``dance_grpo`` and ``linear`` (which needs ``sigma_range``, its schedule's
+    (sigma_min, sigma_max)) are reverse SDEs with diffusion g(sigma) (the ODE's
     marginals, std = g sqrt(-dt)); ``cps`` is coefficient-preserving sampling (std = sigma_next sin(a pi / 2),
     a in [0, 1]; deterministic at sigma_next = 0). With ``noise_level=0`` each is exactly the Euler step
     x' = x + dt v (``FlowMatchEulerDiscreteScheduler.step``). Requires sigma > 0 and sigma_next <= sigma.
@@ -240,7 +252,7 @@ def flow_sde_step(
     if schedule not in FLOW_SCHEDULES:
         raise ValueError(f"unknown flow SDE schedule {schedule!r}; valid: {', '.join(FLOW_SCHEDULES)}")
     sigma, sigma_next = _coef(sigma, sample), _coef(sigma_next, sample)  # [B, 1, 1, 1] or []
-    c = flow_coefs(sigma, sigma_next, noise_level=noise_level, schedule=schedule)
+    c = flow_coefs(sigma, sigma_next, noise_level=noise_level, schedule=schedule, sigma_range=sigma_range)
     return gaussian_step(c, velocity, sample, prev_sample, generator, variance_noise)
 
 

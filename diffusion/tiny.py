@@ -1,4 +1,4 @@
-"""Tiny diffusers pipelines built in code (the CPU stand-ins for SD3, SD 1.x and FLUX.1).
+"""Tiny diffusers pipelines built in code (the CPU stand-ins for SD3, SD 1.x, FLUX.1 and Wan 2.1).
 
 `policy.model: tiny:<kind>` (kind in TINY_KINDS) names one of them: `ensure(kind)` builds it with a
 fixed seed, saves it with `save_pretrained` into a cache folder, and returns that folder, so the tiny
@@ -25,7 +25,7 @@ from mmrl.testing.tiny import build_once, cache_root
 # the cache folder name carries a hash of this file, so editing a tiny config never reuses a stale build
 with open(__file__, "rb") as _f:
     VERSION = hashlib.sha1(_f.read()).hexdigest()[:10]
-TINY_KINDS = ("sd3", "sd", "sd_v", "flux")
+TINY_KINDS = ("sd3", "sd", "sd_v", "flux", "wan")
 PROMPTS = ["a red circle", "a blue square", "a green triangle", "a yellow star",
            "a photo of a cat", "a photo of a dog", "a red square", "a blue circle"]
 SPECIAL = ["<pad>", "<unk>", "<bos>", "<eos>"]  # ids 0..3; eos id 3 (not 2: CLIP's legacy argmax pooling)
@@ -67,14 +67,17 @@ def clip_config(hidden: int, projection: int, vocab_size: int | None = None, max
                           projection_dim=projection, bos_token_id=2, eos_token_id=3, pad_token_id=0)
 
 
-def t5(d_model: int, vocab_size: int | None = None, d_kv: int = 8, layers: int = 1, heads: int = 2):
-    """A T5 encoder with random weights over a SPECIAL-first vocabulary (default: the words of PROMPTS)."""
-    from transformers import T5Config, T5EncoderModel
+def t5(d_model: int, vocab_size: int | None = None, d_kv: int = 8, layers: int = 1, heads: int = 2,
+       umt5: bool = False):
+    """A T5 encoder (UMT5, Wan's, with `umt5`) with random weights over a SPECIAL-first vocabulary (default: the
+    words of PROMPTS)."""
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    return T5EncoderModel(T5Config(vocab_size=vocab_size or len(_vocab()), d_model=d_model, d_kv=d_kv,
-                                   d_ff=2 * d_model, num_layers=layers, num_heads=heads,
-                                   relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                                   pad_token_id=0, eos_token_id=3, decoder_start_token_id=0))
+    config, model = (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
+    return model(config(vocab_size=vocab_size or len(_vocab()), d_model=d_model, d_kv=d_kv,
+                        d_ff=2 * d_model, num_layers=layers, num_heads=heads,
+                        relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                        pad_token_id=0, eos_token_id=3, decoder_start_token_id=0))
 
 
 def _vae(latent_channels: int, flow: bool):
@@ -132,11 +135,29 @@ def _flux():
                         text_encoder_2=t5(32), tokenizer_2=tokenizer(T5_LEN, False))
 
 
+def _wan():
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    # diffusers' own dummy Wan (tests/pipelines/wan/test_wan.py) on this file's tokenizer and T5: the head dim 12
+    # splits into even RoPE parts for frames, height and width; the VAE compresses space by 8 and time by 4
+    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                        in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32,
+                                        num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                        rope_max_seq_len=32)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    # the released checkpoints' scheduler: UniPC over flow-matching sigmas, shift 3 (480P)
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return WanPipeline(tokenizer=tokenizer(T5_LEN, False), text_encoder=t5(32, umt5=True), vae=vae,
+                       scheduler=scheduler, transformer=transformer)
+
+
 def build(kind: str, seed: int = 0):
     """The tiny pipeline `kind` (random weights drawn under a fixed seed)."""
     if kind not in TINY_KINDS:
         raise ValueError(f"unknown tiny model 'tiny:{kind}'; valid: {', '.join('tiny:' + k for k in TINY_KINDS)}")
-    builders = {"sd3": _sd3, "sd": lambda: _sd("epsilon"), "sd_v": lambda: _sd("v_prediction"), "flux": _flux}
+    builders = {"sd3": _sd3, "sd": lambda: _sd("epsilon"), "sd_v": lambda: _sd("v_prediction"), "flux": _flux,
+                "wan": _wan}
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG (e.g. the run seed) untouched
         torch.manual_seed(seed)
         return builders[kind]()

@@ -5,13 +5,14 @@
      rubric: "...", choices: {"yes": 1.0, "no": 0.0}}                                   # OpenAI-compatible
 
 The conversation is one user turn: the sample's input images, then its output image if it is one
-(text-to-image), then the rubric, a `str.format` template over `prompt`, `output` (the completion
+(text-to-image) or `frames` evenly spaced frames of its output video (4 by default, the first and the last
+included), then the rubric, a `str.format` template over `prompt`, `output` (the completion
 text; "" for an image), `answer` and `meta` (`{meta[color]}`). The reply is parsed as a number
 (`scale: [lo, hi]` maps lo..hi to 0..1, clipped; inside <answer>...</answer> when the reply has one,
 else the first number in it) or, with `choices`, as the earliest of the choice words (whole words,
 any case) and its value. A reply that does not parse scores None (unscorable, counted). Images are
-resized to `image_size` [W, H] first when it is given. `output: text | image` judges only samples
-whose output is a completion / an image (the others score None; default `any`). Exactly one of
+resized to `image_size` [W, H] first when it is given. `output: text | image | video` judges only samples
+whose output is a completion / an image / a video (the others score None; default `any`). Exactly one of
 `model` (loaded once, on `device` in `dtype`) and `url` (`api_key` as a bearer token) says where the
 model runs.
 """
@@ -22,6 +23,7 @@ import re
 import string
 
 from rewards.registry import register
+from rewards.sample import Video, frame_indices
 
 FIELDS = ("prompt", "output", "answer", "meta")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -73,14 +75,16 @@ def _check_parse(scale, choices) -> None:
         raise ValueError(f"judge: scale must be [lo, hi] with lo != hi, got {scale!r}")
 
 
-OUTPUTS = ("any", "text", "image")
+OUTPUTS = ("any", "text", "image", "video")
 
 
 def validate(rubric=None, model=None, url=None, scale=None, choices=None, image_size=None, output="any",
-             **_) -> None:
+             frames=4, **_) -> None:
     """The checks a judge entry passes before anything is loaded (run when the config is loaded)."""
     if output not in OUTPUTS:
         raise ValueError(f"judge: output must be one of {', '.join(OUTPUTS)} (what it judges), got {output!r}")
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+        raise ValueError(f"judge: frames must be an integer >= 1 (frames of a video shown), got {frames!r}")
     if rubric is None:
         raise ValueError("judge: rubric is required (the question asked about each sample)")
     check_rubric(rubric)
@@ -100,11 +104,11 @@ def judge(rubric: str, model: str | None = None, url: str | None = None, api_mod
           api_key: str | None = None, scale: list | None = None, choices: dict | None = None,
           max_new_tokens: int = 16, batch_size: int = 1, device: str = "cpu", dtype: str = "float32",
           image_size: list | None = None, request_timeout_s: float = 60.0, retries: int = 2,
-          max_concurrency: int = 4, output: str = "any"):
+          max_concurrency: int = 4, output: str = "any", frames: int = 4):
     """VLM-as-judge: a rubric question about each sample, its reply parsed into a score (factory)."""
     from rewards.judge_backends import ChatEndpoint, LocalVLM
 
-    validate(rubric, model, url, scale, choices, image_size, output)
+    validate(rubric, model, url, scale, choices, image_size, output, frames)
     scale = [0, 10] if scale is None else scale
     backend = (LocalVLM(model, device, dtype, max_new_tokens, batch_size) if model is not None else
                ChatEndpoint(url, api_model, api_key, max_new_tokens, request_timeout_s, retries, max_concurrency))
@@ -116,7 +120,8 @@ def judge(rubric: str, model: str | None = None, url: str | None = None, api_mod
 
     def score(samples: list) -> list:
         judged = [i for i, s in enumerate(samples) if _judges(output, s.output)]
-        replies = backend.reply([(_images(samples[i], image_size), _question(rubric, samples[i])) for i in judged])
+        replies = backend.reply([(_images(samples[i], image_size, frames), _question(rubric, samples[i]))
+                                 for i in judged])
         out = [None] * len(samples)                                         # other outputs: not judged
         for i, reply in zip(judged, replies):
             out[i] = parse(reply)
@@ -136,6 +141,8 @@ def _judges(output: str, value) -> bool:
         from PIL import Image
 
         return isinstance(value, Image.Image)
+    if output == "video":
+        return isinstance(value, Video)
     return True
 
 
@@ -144,9 +151,11 @@ def _question(rubric: str, s) -> str:
     return rubric.format(prompt=s.prompt, output=output, answer=s.answer, meta=s.meta)
 
 
-def _images(s, size) -> list:
+def _images(s, size, frames: int) -> list:
     from PIL import Image
 
     images = list(s.images) + ([s.output] if isinstance(s.output, Image.Image) else [])
+    if isinstance(s.output, Video):
+        images += [s.output.frames[k] for k in frame_indices(len(s.output), frames)]
     images = [im.convert("RGB") for im in images]
     return [im.resize(tuple(size), Image.BICUBIC) for im in images] if size else images

@@ -4,7 +4,8 @@
     POST /score   (header `Authorization: Bearer TOKEN` when the server has a token)
       request   {"samples": [{"id": str,
                               "prompt": str,
-                              "output": {"text": str} | {"image_png_b64": str},
+                              "output": {"text": str} | {"image_png_b64": str}
+                                        | {"video_png_b64": [str, ...], "fps": float},  # frames in order
                               "images": [str, ...],           # input images, each a base64 PNG
                               "answer": any JSON value or null,
                               "meta": {str: any JSON value}}, ...]}
@@ -18,7 +19,7 @@ Status codes: 400 body is not JSON, 401 missing or wrong token, 413 body over th
 broken beyond per-sample isolation (the message is its error). Only `output` is required in a
 sample; `id` and `prompt` default to "", `images` to [], `answer` to null, `meta` to {}.
 
-Exactness: images travel as PNG (lossless, mode kept); a score is written with Python's shortest
+Exactness: images (and a video's frames) travel as PNG (lossless, mode kept); a score is written with Python's shortest
 round-tripping float repr, so the client reads back the very double the reward returned. `answer`
 and `meta` travel as JSON: tuples arrive as lists and mapping keys as strings.
 """
@@ -32,7 +33,7 @@ import json
 import math
 from typing import Any
 
-from rewards.sample import Sample
+from rewards.sample import Sample, Video
 
 SAMPLE_KEYS = ("id", "prompt", "output", "images", "answer", "meta")
 
@@ -87,8 +88,10 @@ def encode_sample(s: Sample, i: int = 0) -> dict:
         output = {"text": s.output}
     elif hasattr(s.output, "save") and hasattr(s.output, "mode"):
         output = {"image_png_b64": image_to_b64(s.output)}
+    elif isinstance(s.output, Video):
+        output = {"video_png_b64": [image_to_b64(f) for f in s.output.frames], "fps": float(s.output.fps)}
     else:
-        raise WireError(f"{_where(i, s)}.output: a remote reward scores a str or a PIL image, "
+        raise WireError(f"{_where(i, s)}.output: a remote reward scores a str, a PIL image or a Video, "
                         f"got {type(s.output).__name__}")
     for field in ("answer", "meta"):
         try:
@@ -112,7 +115,15 @@ def _decode_output(value: Any, field: str):
         return value["text"]
     if isinstance(value, dict) and set(value) == {"image_png_b64"}:
         return b64_to_image(value["image_png_b64"], f"{field}.image_png_b64")
-    raise WireError(f"{field}: expected {{\"text\": str}} or {{\"image_png_b64\": str}}, got {_short(value)}")
+    if isinstance(value, dict) and set(value) == {"video_png_b64", "fps"}:
+        frames, fps = value["video_png_b64"], value["fps"]
+        if not isinstance(frames, list) or not frames:
+            raise WireError(f"{field}.video_png_b64: expected a non-empty list of base64 PNG frames, got {_short(frames)}")
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0:
+            raise WireError(f"{field}.fps: expected a number > 0, got {_short(fps)}")
+        return Video(frames=[b64_to_image(f, f"{field}.video_png_b64[{k}]") for k, f in enumerate(frames)], fps=fps)
+    raise WireError(f"{field}: expected {{\"text\": str}}, {{\"image_png_b64\": str}} or "
+                    f"{{\"video_png_b64\": [str, ...], \"fps\": float}}, got {_short(value)}")
 
 
 def decode_sample(obj: Any, i: int) -> Sample:

@@ -6,7 +6,8 @@
     schedule(S, rule) -> Schedule        plain tensors indexed by integer step
     noise(n, generator) -> [n, ...]      initial latents
     model_rows / forward                 the denoiser call that `common.predict` chunks and guides
-    decode(latents) -> [PIL.Image]       VAE decoding as the pipeline does it
+    decode(latents) -> [PIL.Image]       VAE decoding as the pipeline does it ([rewards.Video] for video
+                                         families, `video = True`: wan)
 
 The state, `noise` and `decode` the families share live in `common.PipelineFamily`. The family of
 a checkpoint is read from its model_index.json (`_class_name`); `policy.family` names one directly.
@@ -25,8 +26,10 @@ from mmrl.registry import Registry
 # policy.family -> the family class, imported on first use (each module imports only its diffusers pipeline)
 FAMILIES: Registry = Registry("model family")
 FAMILIES.update({"sd3": "diffusion.families.sd3:SD3Family", "sd": "diffusion.families.sd:SDFamily",
-                 "flux": "diffusion.families.flux:FluxFamily"})
-PIPELINES = {"StableDiffusion3Pipeline": "sd3", "StableDiffusionPipeline": "sd", "FluxPipeline": "flux"}
+                 "flux": "diffusion.families.flux:FluxFamily", "wan": "diffusion.families.wan:WanFamily"})
+PIPELINES = {"StableDiffusion3Pipeline": "sd3", "StableDiffusionPipeline": "sd", "FluxPipeline": "flux",
+             "WanPipeline": "wan"}
+VIDEO_FAMILIES = ("wan",)
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,9 @@ class FamilyOptions:
     height: int = 0                 # 0 = the model's default
     width: int = 0
     negative_prompt: str = ""
-    max_sequence_length: int = 256  # T5 tokens (sd3, flux)
+    max_sequence_length: int = 256  # T5 tokens (sd3, flux, wan)
+    num_frames: int = 0             # video families: frames per clip, 0 = the model's default
+    fps: float = 16.0               # video families: frame rate of the decoded clips
     prediction_type: Optional[str] = None
     revision: Optional[str] = None
     variant: Optional[str] = None

@@ -1,6 +1,6 @@
 """What every model family shares: the schedule as plain tensors, prompt conditioning, the one
 `predict` (classifier-free guidance included), the SDE step, and `PipelineFamily` (the state,
-initial noise and VAE decoding the three families have in common).
+initial noise and VAE decoding the families have in common).
 
 `predict` feeds the denoiser in chunks of exactly `forward_batch` rows (the last chunk padded with
 copies of its first row). A row's output then depends only on that row's input and the fixed chunk
@@ -23,7 +23,7 @@ from diffusion.sde import FLOW_SCHEDULES, SDEStep, StepCoefs, ddim_coefs, flow_c
 class Schedule:
     """A sampler of S steps as tensors indexed by integer step i in [0, S) (no timestep lookups).
 
-    rule:      flow_grpo | dance_grpo | cps (flow matching: coef = sigma_i, coef_next = sigma_{i+1})
+    rule:      flow_grpo | dance_grpo | linear | cps (flow matching: coef = sigma_i, coef_next = sigma_{i+1})
                or epsilon | v_prediction (DDIM: coef = alphas_cumprod[t_i], coef_next = alpha of t_prev)
     model_t:   [S] the timestep the denoiser is given at step i.
     The step coefficients of each noise level (`coefs`) are computed once, as [S] tables.
@@ -46,7 +46,8 @@ class Schedule:
         """The [S] step coefficients at `noise_level` (a / eta), computed on the first call."""
         if noise_level not in self._coefs:
             a, b = self.coef.float(), self.coef_next.float()                  # [S], [S]
-            table = (flow_coefs(a, b, noise_level=noise_level, schedule=self.rule) if self.flow
+            span = (float(b[-1]), float(b[0]))                               # (sigma_min, sigma_max): linear
+            table = (flow_coefs(a, b, noise_level=noise_level, schedule=self.rule, sigma_range=span) if self.flow
                      else ddim_coefs(a, b, eta=noise_level, prediction_type=self.rule))
             self._coefs[noise_level] = table, table.per_step()
         return self._coefs[noise_level][0]
@@ -151,7 +152,7 @@ def to_pil(pipe, images: Tensor) -> list:
 
 
 class PipelineFamily:
-    """The part of a family that is the same for sd3, sd and flux: the wrapped pipeline, image size,
+    """The part of a family that is the same for every family: the wrapped pipeline, image size,
     initial noise and VAE decoding. A family module subclasses it within this package and writes
     `load`, `encode`, `schedule`, `model_rows` and `forward`; a family with packed latents (flux)
     overrides `latent_grid`, `pack` and `unpack`.
@@ -164,16 +165,20 @@ class PipelineFamily:
     lora_prefix: str
     uses_cfg: bool
     vae_shift: bool = True
+    video: bool = False           # samples are `rewards.sample.Video`s (decoded a clip at a time by default)
     uncond = None
 
-    def __init__(self, pipe, opts, denoiser, sample_size: int):
-        """`sample_size`: the denoiser's default latent side; the default image side is that times
-        the VAE's scale factor (as the pipelines compute it)."""
+    def __init__(self, pipe, opts, denoiser, sample_size: int | tuple[int, int]):
+        """`sample_size`: the denoiser's default latent side, the default image side being that times the VAE's
+        scale factor (as the image pipelines compute it); or the default (height, width) in pixels."""
         self.pipe, self.opts = pipe, opts
         self.denoiser = denoiser
         self.device = opts.device
-        default = sample_size * pipe.vae_scale_factor
-        self.height, self.width = opts.height or default, opts.width or default
+        if isinstance(sample_size, tuple):
+            default_h, default_w = sample_size
+        else:
+            default_h = default_w = sample_size * pipe.vae_scale_factor
+        self.height, self.width = opts.height or default_h, opts.width or default_w
         if self.uses_cfg:  # the encoded negative prompt, computed once
             self.uncond = self.encode([opts.negative_prompt])[0]
 
@@ -182,8 +187,8 @@ class PipelineFamily:
         names = ("text_encoder", "text_encoder_2", "text_encoder_3")
         return [m for m in (getattr(self.pipe, n, None) for n in names) if m is not None]
 
-    def latent_grid(self) -> tuple[int, int, int]:
-        """(channels, height, width) of one initial latent before packing."""
+    def latent_grid(self) -> tuple[int, ...]:
+        """The shape of one initial latent before packing: (channels, height, width) for images."""
         f = self.pipe.vae_scale_factor
         return self.denoiser.config.in_channels, self.height // f, self.width // f
 
@@ -197,8 +202,8 @@ class PipelineFamily:
 
     def noise(self, n: int, generator: torch.Generator) -> Tensor:
         """Initial latents of n samples, fp32 N(0, 1) (the schedulers' init_noise_sigma is 1)."""
-        c, h, w = self.latent_grid()
-        z = torch.randn((n, c, h, w), generator=generator, device=self.device, dtype=torch.float32)  # [n, C, h, w]
+        z = torch.randn((n, *self.latent_grid()), generator=generator, device=self.device,
+                        dtype=torch.float32)                                  # [n, C, h, w] or [n, C, F', h, w]
         return self.pack(z)
 
     @torch.no_grad()

@@ -1,11 +1,13 @@
 """`mmrl report RUN_DIR`: one self-contained HTML page per run, `RUN_DIR/report.html`, read from what the
 run directory holds (metrics.jsonl, config.yaml, samples/eval_step_*), so it also covers a resumed run and
-can be written while a run is still going. No server and no network: every figure is a PNG inside the page.
+can be written while a run is still going. No server and no network: every figure is a PNG (a video a GIF)
+inside the page.
 
 The page shows, when the run logged them: the train and held-out reward curves, each reward's own curve,
 the held-out reward per task (`eval/task/...`), success and quality diagnostics; a table of every
 evaluation; the held-out reward per task and per gold answer before and after (text outputs); the image
-grid or first episode strip of every evaluation; before/after; step timings and memory.
+grid (videos: a frame strip per clip) or first episode strip of every evaluation; the first held-out videos of the
+first and last evaluation (animated GIFs); before/after; step timings and memory.
 
 A script in the page checks on load that every figure decoded (`<body data-figures>` = figures the page
 holds, `data-rendered` = figures the browser drew) and shows a warning above the page when one did not.
@@ -77,20 +79,21 @@ def _each_reward_lines(rows: list[dict]) -> list[tuple[str, str, str]]:
                                                   (f"eval/reward/{label}/mean", f"eval {label}", "o--"))]
 
 
-def _figure(title: str, b64: str | None, caption: str = "", width: int | None = None) -> str:
-    """A <figure> of a base64 PNG (nothing for None), drawn `width` CSS pixels wide when given."""
+def _figure(title: str, b64: str | None, caption: str = "", width: int | None = None, kind: str = "png") -> str:
+    """A <figure> of a base64 PNG (or GIF: `kind`; nothing for None), drawn `width` CSS pixels wide when given."""
     if b64 is None:
         return ""
     cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
     size = f' style="width:{width}px"' if width else ""
-    return f'<figure><img alt="{html.escape(title)}"{size} src="data:image/png;base64,{b64}">{cap}</figure>'
+    return f'<figure><img alt="{html.escape(title)}"{size} src="data:image/{kind};base64,{b64}">{cap}</figure>'
 
 
 MIN_PICTURE_WIDTH = 480       # small image grids (32-pixel samples) are drawn enlarged, pixels kept sharp
 
 
-def _picture(title: str, path: str, caption: str) -> str:
-    """A saved PNG (a grid, a strip) as a figure, enlarged by a whole factor when it is narrow."""
+def _picture(title: str, path: str, caption: str, min_width: int = MIN_PICTURE_WIDTH) -> str:
+    """A saved PNG (a grid, a strip) or animated GIF (a video sample) as a figure, enlarged by a whole factor
+    when it is narrower than `min_width`."""
     if not os.path.isfile(path):
         return ""
     from PIL import Image
@@ -99,8 +102,24 @@ def _picture(title: str, path: str, caption: str) -> str:
         data = f.read()
     with Image.open(io.BytesIO(data)) as im:
         width = im.width
-    scale = max(1, MIN_PICTURE_WIDTH // max(width, 1))
-    return _figure(title, base64.b64encode(data).decode("ascii"), caption, width * scale if scale > 1 else None)
+    scale = max(1, min_width // max(width, 1))
+    return _figure(title, base64.b64encode(data).decode("ascii"), caption, width * scale if scale > 1 else None,
+                   "gif" if path.endswith(".gif") else "png")
+
+
+VIDEOS_SHOWN = 4              # held-out videos played in the report, from the first and the last evaluation
+
+
+def _videos(evals: list) -> str:
+    """The first held-out videos (animated GIFs) of the first and the last evaluation."""
+    figures = []
+    for step, path in (evals[0], evals[-1]) if len(evals) >= 2 else evals:
+        rows = [r for r in read_jsonl(path) if isinstance(r.get("output"), str) and r["output"].endswith(".gif")]
+        for r in rows[:VIDEOS_SHOWN]:
+            caption = f"step {step}: {r.get('prompt', '')} (reward {_fmt(r.get('reward'))})"
+            figures.append(_picture(f"step {step} video", os.path.join(os.path.dirname(path), r["output"]), caption,
+                                    min_width=128))
+    return "".join(figures)
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -149,7 +168,8 @@ def _sections(run_dir: str, rows: list[dict], config: dict) -> list[str]:
     evals = eval_files(run_dir)
     if len(evals) >= 2:
         first, last = read_jsonl(evals[0][1]), read_jsonl(evals[-1][1])
-        if first and all(isinstance(r.get("output"), str) and not r["output"].endswith(".png") for r in first):
+        if first and all(isinstance(r.get("output"), str) and not r["output"].endswith((".png", ".gif"))
+                         for r in first):
             header = [h.replace("before", f"step {evals[0][0]}").replace("after", f"step {evals[-1][0]}")
                       for h in TASK_HEADER]
             answers = [[a.get("prompt"), a.get("answer"), a.get("output"), a.get("reward"), b.get("output"),
@@ -161,9 +181,11 @@ def _sections(run_dir: str, rows: list[dict], config: dict) -> list[str]:
     pictures = []
     for step, path in evals:
         stem = os.path.splitext(path)[0]
-        for suffix, what in (("_grid.png", "held-out images"), ("_episode.png", "first held-out episode")):
+        for suffix, what in (("_grid.png", "held-out images (videos: a frame strip per row)"),
+                             ("_episode.png", "first held-out episode")):
             pictures.append(_picture(f"step {step} {what}", stem + suffix, f"step {step}: {what}"))
     out.append(_section("Held-out outputs at each evaluation", "".join(pictures)))
+    out.append(_section("Held-out videos", _videos(evals)))
     out.append(_section("Before and after", _picture("before and after", os.path.join(run_dir, "before_after.png"),
                                                       "the first evaluation above the last")))
     time_keys = _keys(rows, r"time/.+_s")

@@ -1,4 +1,5 @@
-"""Write samples with their scores to JSONL (images saved beside it as PNG)."""
+"""Write samples with their scores to JSONL (images saved beside it as PNG, videos as animated GIF and, where
+imageio's ffmpeg is installed, MP4)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,47 @@ import os
 import torch
 
 from mmrl.episodes import EpisodeMeta
+from rewards.sample import Video, frame_indices
+
+STRIP_FRAMES = 8          # frames of each video shown in a samples grid (evenly spaced, first and last included)
+
+
+def write_video(stem: str, video: Video) -> list[str]:
+    """Save `video` as `stem`.gif (PIL, every frame, looping) and `stem`.mp4 when imageio can encode it
+    (`pip install imageio imageio-ffmpeg`); returns the paths written."""
+    frames = [f.convert("RGB") for f in video.frames]
+    paths = [stem + ".gif"]
+    frames[0].save(paths[0], save_all=True, append_images=frames[1:], duration=max(1, round(1000 / video.fps)),
+                   loop=0)
+    try:
+        import imageio
+        import imageio_ffmpeg  # noqa: F401  (imageio's ffmpeg plugin; what diffusers' export_to_video needs too)
+    except ImportError:
+        return paths
+    import numpy as np
+
+    w, h = frames[0].size
+    if w % 2 == 0 and h % 2 == 0:  # H.264 in yuv420p needs even sides
+        with imageio.get_writer(stem + ".mp4", fps=video.fps, codec="libx264", quality=8,
+                                macro_block_size=1) as writer:
+            for f in frames:
+                writer.append_data(np.asarray(f))
+        paths.append(stem + ".mp4")
+    return paths
+
+
+def frame_strip(video: Video, frames: int = STRIP_FRAMES) -> list:
+    """Up to `frames` frames of `video`, evenly spaced, the first and the last included."""
+    return [video.frames[k] for k in frame_indices(len(video), frames)]
 
 
 def _output_field(output, image_dir: str, i: int):
     if isinstance(output, str) or output is None:
         return output
+    if isinstance(output, Video):
+        os.makedirs(image_dir, exist_ok=True)
+        path = write_video(os.path.join(image_dir, f"{i:04d}"), output)[0]
+        return os.path.relpath(path, os.path.dirname(image_dir))
     if hasattr(output, "save"):  # a PIL image
         os.makedirs(image_dir, exist_ok=True)
         path = os.path.join(image_dir, f"{i:04d}.png")
@@ -56,7 +93,7 @@ def write_strip(path: str, images: list, captions: list[str], side: int = 112) -
 def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[str],
                   advantages: torch.Tensor | None = None, totals: torch.Tensor | None = None,
                   versions: list[list[int]] | None = None) -> None:
-    """One JSON line per sample: id, prompt, output (an image's PNG path), answer, each reward's score
+    """One JSON line per sample: id, prompt, output (an image's PNG path, a video's GIF path), answer, each reward's score
     [M, K] by label, the record's `task` when it has one, and optionally the weighted total reward [M]
     (`reward`), the advantage [M] and the policy version that produced each of its actions (`versions`)."""
     image_dir = os.path.splitext(path)[0]
@@ -81,3 +118,9 @@ def write_samples(path: str, samples: list, scores: torch.Tensor, labels: list[s
     images = [s.output for s in samples if hasattr(s.output, "save")]
     if images and len(images) == len(samples):
         write_grid(os.path.splitext(path)[0] + "_grid.png", images)
+    videos = [s.output for s in samples if isinstance(s.output, Video)]
+    if videos and len(videos) == len(samples):  # one row per video: its frame strip
+        strips = [frame_strip(v) for v in videos]
+        width = max(len(s) for s in strips)
+        write_grid(os.path.splitext(path)[0] + "_grid.png",
+                   [s[k] if k < len(s) else s[-1] for s in strips for k in range(width)], columns=width)

@@ -1,5 +1,5 @@
 """FSDP2 (`distributed.strategy: fsdp`, mmrl/distributed/sharding.py) on CPU over gloo: a 2-process sharded run of the tiny
-VLM and SD3 configs, LoRA and full fine-tuning, samples what a 1-process unsharded run samples, and its losses,
+VLM and SD3 configs, LoRA and full fine-tuning, and of the tiny Wan (video) with LoRA, samples what a 1-process unsharded run samples, and its losses,
 gradient norms and trained weights after 3 steps agree within 1e-5; full fine-tuning keeps at most 0.6x the
 parameter and optimizer bytes per process. A SIGKILLed sharded run resumes like an unbroken one, and its
 2-process checkpoint resumes in 1 process and exports (`mmrl export`)."""
@@ -28,6 +28,7 @@ CASES = {  # config, overrides: every step has rewards that differ within groups
                                                      "distributed.rollout=sharded"]),   # lockstep generate
     "sd3_lora": ("sd3_tiny.yaml", []),
     "sd3_full": ("sd3_tiny.yaml", ["policy.lora.rank=0", "optim.lr=1e-4"]),   # kl_beta 0.04: a sharded frozen copy
+    "wan_lora": ("wan_tiny.yaml", []),                                          # video: the clips' GIFs compared
 }
 
 
@@ -91,7 +92,7 @@ def test_two_sharded_processes_train_like_one(tmp_path, case, kernels, launcher,
     # step 1: rank 0 sampled its prompts (the first half) exactly as the single process did, scored the same
     for sid, row in _samples(two).items():
         ref = _samples(one)[sid]
-        if isinstance(row["output"], str) and row["output"].endswith(".png"):
+        if isinstance(row["output"], str) and row["output"].endswith((".png", ".gif")):
             assert (one / "samples" / ref["output"]).read_bytes() == (two / "samples" / row["output"]).read_bytes()
         else:
             assert ref["output"] == row["output"], sid

@@ -13,11 +13,22 @@ from PIL import Image
 from mmrl.reporting.report import render_report, write_report
 from mmrl.reporting.samples import write_samples
 from mmrl.reporting.summary import before_after, task_table
-from rewards.sample import Sample
+from rewards.sample import Sample, Video
 from tests import REPO
 
 
-def _run_dir(tmp_path, images: bool = False, partial_line: bool = False):
+def _clip(step: int, i: int) -> Video:
+    """A 5-frame video: a white square moving right on black, blue from step 1 on."""
+    colour = (255, 255, 255) if step == 0 else (0, 0, 255)
+    frames = []
+    for k in range(5):
+        im = Image.new("RGB", (8, 8))
+        im.paste(colour, (k, i % 4, k + 3, i % 4 + 3))
+        frames.append(im)
+    return Video(frames=frames, fps=4)
+
+
+def _run_dir(tmp_path, images: bool = False, partial_line: bool = False, videos: bool = False):
     """A small run directory as the trainer leaves it: config, metrics of 4 steps, evaluations at 0 and 4."""
     (tmp_path / "config.yaml").write_text("seed: 3\nmax_steps: 4\npolicy: {name: vlm, model: m}\n"
                                           "algo: {advantage: grpo}\n")
@@ -32,7 +43,8 @@ def _run_dir(tmp_path, images: bool = False, partial_line: bool = False):
     (tmp_path / "metrics.jsonl").write_text(text[:-1] + '\n{"step": 5, "rew' if partial_line else text)
     (tmp_path / "samples").mkdir()
     for step, outputs in ((0, ["2", "2", "red", "red"]), (4, ["1", "2", "red", "blue"])):
-        samples = [Sample(f"q{i}", Image.new("RGB", (8, 8), (0, 0, 200 * (step > 0))) if images else o,
+        samples = [Sample(f"q{i}", _clip(step, i) if videos else
+                          Image.new("RGB", (8, 8), (0, 0, 200 * (step > 0))) if images else o,
                           answer=["1", "2", "red", "blue"][i], meta={"task": ["count", "count", "colour", "colour"][i]})
                    for i, o in enumerate(outputs)]
         right = torch.tensor([[float(o == s.answer)] for o, s in zip(outputs, samples)])          # [4, 1]
@@ -64,6 +76,43 @@ def test_report_of_an_image_run_shows_each_evaluations_grid_and_before_after(tmp
     assert "Held-out reward by task and gold answer" not in page        # the answers table is for text outputs
     figures, rendered, _ = rendered_report(run)
     assert figures == rendered == 8, (figures, rendered)                  # 5 curves + 2 grids + before/after
+
+
+def test_report_of_a_video_run_plays_the_first_and_last_held_out_videos(tmp_path, rendered_report):
+    """Video outputs: GIFs beside the JSONL, a frame strip per clip in each grid (so before/after compares strips),
+    and the page plays the first and the last evaluation's clips (animated GIFs the browser must draw)."""
+    run = _run_dir(tmp_path, videos=True)
+    rows = [json.loads(line) for line in open(run / "samples" / "eval_step_000004.jsonl")]
+    assert [r["output"] for r in rows] == [f"eval_step_000004/{i:04d}.gif" for i in range(4)]
+    with Image.open(run / "samples" / rows[1]["output"]) as gif:
+        assert (gif.n_frames, gif.size, gif.info["duration"], gif.info["loop"]) == (5, (8, 8), 250, 0)
+        gif.seek(4)
+        assert gif.convert("RGB").getpixel((5, 2)) == (0, 0, 255)       # the last frame: the square moved right
+    grid = Image.open(run / "samples" / "eval_step_000004_grid.png").convert("RGB")
+    assert grid.size == (5 * 8, 4 * 8)                                  # a row per clip, a column per frame
+    assert grid.getpixel((0, 8 + 1)) == (0, 0, 255) and grid.getpixel((4 * 8 + 4, 8 + 1)) == (0, 0, 255)
+    page = open(write_report(str(run)), encoding="utf-8").read()
+    assert page.count("data:image/gif;base64,") == 8 and "Held-out videos" in page and "step 4: q3" in page
+    assert "Held-out reward by task and gold answer" not in page        # GIF paths are no text answers
+    figures, rendered, _ = rendered_report(run)
+    assert figures == rendered == 16, (figures, rendered)                # 5 curves, 2 grids, before/after, 8 clips
+
+
+def test_a_clip_is_also_an_mp4_where_imageio_can_encode_it(tmp_path):
+    """With the video extra (imageio + imageio-ffmpeg, in the test extra): an H.264 MP4 of every frame at the
+    clip's fps beside the GIF."""
+    imageio = pytest.importorskip("imageio")
+    pytest.importorskip("imageio_ffmpeg")
+    import numpy as np
+
+    from mmrl.reporting.samples import write_video
+
+    paths = write_video(str(tmp_path / "clip"), _clip(1, 0))
+    assert paths == [str(tmp_path / "clip.gif"), str(tmp_path / "clip.mp4")]
+    reader = imageio.get_reader(paths[1])
+    meta, frames = reader.get_meta_data(), [np.asarray(f) for f in reader]
+    assert (meta["codec"], meta["fps"], meta["size"], len(frames)) == ("h264", 4.0, (8, 8), 5)
+    assert frames[4][1, 5, 2] > 200 and frames[0][1, 5, 2] < 50           # the square moved right (lossy: ranges)
 
 
 def test_a_figure_that_does_not_decode_is_caught_by_the_page_check(tmp_path, rendered_report):

@@ -12,7 +12,8 @@ from mmrl.config.policies import BuildContext
 from mmrl.types import PromptBatch
 from tests import REPO
 
-TINY = {"sd3": "sd3_tiny.yaml", "sd": "sd_tiny.yaml", "sd_v": "sd_tiny.yaml", "flux": "flux_tiny.yaml"}
+TINY = {"sd3": "sd3_tiny.yaml", "sd": "sd_tiny.yaml", "sd_v": "sd_tiny.yaml", "flux": "flux_tiny.yaml",
+        "wan": "wan_tiny.yaml"}
 
 
 def _tiny_config(kind: str) -> str:
@@ -26,7 +27,7 @@ def _policy_config(kind: str, *overrides: str):
 
 @pytest.fixture(scope="session")
 def tiny_config():
-    """`tiny_config(kind)`: the path of the tiny config of family `kind` (sd3, sd, sd_v, flux)."""
+    """`tiny_config(kind)`: the path of the tiny config of family `kind` (sd3, sd, sd_v, flux, wan)."""
     return _tiny_config
 
 

@@ -10,10 +10,12 @@ from PIL import Image
 from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-CONTRACT = ["step", "reward/mean", "reward/jpeg_compressibility/mean", "loss", "grad_norm", "clip_frac", "time/step_s"]
-PREFIX = {"sd3": "transformer.", "sd": "unet.", "flux": "transformer."}
-KL = {"sd3": True, "sd": True, "flux": False}  # kl_beta > 0 in sd3_tiny.yaml and sd_tiny.yaml
-KINDS = ["sd3", "sd", "flux"]
+CONTRACT = ["step", "reward/mean", "loss", "grad_norm", "clip_frac", "time/step_s"]
+PREFIX = {"sd3": "transformer.", "sd": "unet.", "flux": "transformer.", "wan": "transformer."}
+KL = {"sd3": True, "sd": True, "flux": False, "wan": True}  # kl_beta > 0 in sd3_tiny.yaml, sd_tiny.yaml, wan_tiny.yaml
+REWARD = {"sd3": "jpeg_compressibility", "sd": "jpeg_compressibility", "flux": "jpeg_compressibility",
+          "wan": "per_frame"}  # wan: the mean JPEG compressibility of a clip's frames
+KINDS = ["sd3", "sd", "flux", "wan"]
 
 
 @pytest.fixture(scope="module")
@@ -70,25 +72,30 @@ def test_contract_metrics_logged(run):
     train_rows = [r for r in first if "loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
     for r in train_rows:
-        missing = [k for k in CONTRACT + (["kl"] if KL[kind] else []) if r.get(k) is None]
+        missing = [k for k in CONTRACT + [f"reward/{REWARD[kind]}/mean"] + (["kl"] if KL[kind] else [])
+                   if r.get(k) is None]
         assert not missing, (kind, missing)
         assert r["ratio/first_max_abs_dev"] == 0.0  # on-policy ratio exactly 1 (fp32)
 
 
 def test_eval_samples_written(run):
-    _, out, first, _, _ = run
+    kind, out, first, _, _ = run
     assert any("eval/reward/mean" in r for r in first if r["step"] == 0)
     for step in (0, 2):
         path = os.path.join(out, "samples", f"eval_step_{step:06d}.jsonl")
         with open(path) as f:
             samples = [json.loads(line) for line in f]
         assert len(samples) == 2
+        suffix = ".gif" if kind == "wan" else ".png"
         for s in samples:
-            assert s["output"].endswith(".png") and os.path.isfile(os.path.join(out, "samples", s["output"]))
-            assert s["scores"]["jpeg_compressibility"] is not None
+            assert s["output"].endswith(suffix) and os.path.isfile(os.path.join(out, "samples", s["output"]))
+            assert s["scores"][REWARD[kind]] is not None
         grid = Image.open(os.path.join(out, "samples", f"eval_step_{step:06d}_grid.png"))
         one = Image.open(os.path.join(out, "samples", samples[0]["output"]))
-        assert grid.size == (2 * one.size[0], one.size[1])        # the two eval images side by side
+        if kind == "wan":                                         # each clip a row of 8 of its 9 frames
+            assert one.n_frames == 9 and grid.size == (8 * one.size[0], 2 * one.size[1])
+        else:
+            assert grid.size == (2 * one.size[0], one.size[1])    # the two eval images side by side
 
 
 def test_lora_weights_change(run):

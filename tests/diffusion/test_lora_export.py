@@ -8,7 +8,8 @@ import torch
 
 from diffusion import tiny
 
-PIPELINES = {"sd3": "StableDiffusion3Pipeline", "sd": "StableDiffusionPipeline", "flux": "FluxPipeline"}
+PIPELINES = {"sd3": "StableDiffusion3Pipeline", "sd": "StableDiffusionPipeline", "flux": "FluxPipeline",
+             "wan": "WanPipeline"}
 
 
 def _output(policy, model):

@@ -8,8 +8,9 @@ from PIL import Image
 
 from diffusion.families.common import predict
 from mmrl.types import select
+from rewards.sample import Video
 
-FAMILIES = ["sd3", "sd", "sd_v", "flux"]
+FAMILIES = ["sd3", "sd", "sd_v", "flux", "wan"]
 TEXTS = ["a red circle", "a blue square"]
 
 
@@ -26,7 +27,8 @@ def test_rollout_shapes_and_samples(rolled):
     s = policy.cfg.rollout_steps
     assert ro.log_probs.shape == ro.mask.shape == (6, s) and bool((ro.mask == 1).all())
     assert ro.group.tolist() == [0, 0, 0, 1, 1, 1] and ro.group_size == 3
-    assert all(isinstance(x.output, Image.Image) and x.images == [] for x in ro.samples)
+    kind = Video if policy.family.video else Image.Image
+    assert all(isinstance(x.output, kind) and x.images == [] for x in ro.samples)
     assert [x.prompt for x in ro.samples] == [TEXTS[0]] * 3 + [TEXTS[1]] * 3
     assert torch.isfinite(ro.log_probs).all() and bool((ro.log_probs != 0).all())
 
@@ -184,19 +186,26 @@ def test_ode_sampler_matches_the_diffusers_pipeline(kind, build_tiny):
 
     policy = build_tiny(kind, "lora.rank=0", "reference=false")
     fam, steps, g = policy.family, 5, policy.cfg.guidance_scale
+    if kind == "wan":  # the pipeline's loop is Euler only with Euler's scheduler (Wan ships UniPC: a multistep update)
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        fam.pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     x = fam.noise(1, torch.Generator().manual_seed(0))
     sched = fam.schedule(steps, policy.cfg.sde_schedule)
     ode = StepPlan(sde=torch.zeros(steps, dtype=torch.bool), trained=torch.zeros(1, steps, dtype=torch.bool))
     with torch.no_grad():
         ours = denoise(Denoiser(fam, policy.model, sched, g, 4), x, list(policy.encode(TEXTS[:1]).values()),
                        ode, 0.0, None).final
-    kwargs = dict(height=fam.height, width=fam.width) if kind == "flux" else {}
-    if kind in ("sd3", "flux"):
+    kwargs = dict(height=fam.height, width=fam.width) if kind in ("flux", "wan") else {}
+    if kind == "wan":
+        kwargs["num_frames"] = fam.num_frames
+    if kind in ("sd3", "flux", "wan"):
         kwargs["max_sequence_length"] = policy.cfg.max_sequence_length
     if kind in ("sd", "sd_v"):
         kwargs["eta"] = 0.0
-    ref = fam.pipe(TEXTS[0], latents=x.clone(), num_inference_steps=steps, guidance_scale=g,
-                   output_type="latent", **kwargs).images
+    out = fam.pipe(TEXTS[0], latents=x.clone(), num_inference_steps=steps, guidance_scale=g, output_type="latent",
+                   **kwargs)
+    ref = out.frames if kind == "wan" else out.images
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
 
 

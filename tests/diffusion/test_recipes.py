@@ -11,7 +11,8 @@ from tests import REPO
 from mmrl.config import load_config
 
 RECIPES = {"sd35m_flow_grpo.yaml": ("sd3", 9), "flux_dev_dance_grpo.yaml": ("flux", 10),
-           "sd15_ddpo.yaml": ("sd", 50), "sd35m_nft.yaml": ("sd3", 10)}  # file -> (family, trained steps per sample)
+           "sd15_ddpo.yaml": ("sd", 50), "sd35m_nft.yaml": ("sd3", 10), "wan21_flow_grpo.yaml": ("wan", 19),
+           "wan21_dance_grpo.yaml": ("wan", 10)}  # file -> (family, trained steps per sample)
 
 
 def recipe(name):
@@ -36,6 +37,8 @@ def test_recipe_training_plan_builds_on_a_tiny_model(name, tmp_path):
     family, t = RECIPES[name]
     overrides = [f"policy.model=tiny:{family}", "policy.height=16", "policy.width=16", "policy.max_sequence_length=8",
                  "rewards=[jpeg_compressibility]", "precision=fp32", "cpu=true", f"output_dir={tmp_path}"]
+    if family == "wan":  # a 5-frame clip; single-process (the recipe's FSDP needs a launcher)
+        overrides += ["policy.num_frames=5", "distributed.strategy=ddp"]
     if load_config(recipe(name)).data.train == "diffusion.prompts:lines":  # a prompt file the user supplies
         (tmp_path / "prompts.txt").write_text("a red circle\n\na blue square\n")
         path = tmp_path / "prompts.txt"

@@ -226,3 +226,38 @@ def test_zero_eta_ddim_is_the_deterministic_ddim_formula(prediction_type):
     step = ddim_sde_step(out, x, a_t, a_p, eta=0.0, prediction_type=prediction_type)
     torch.testing.assert_close(step.prev_sample.double(), expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(step.prev_sample, step.mean) and torch.equal(step.log_prob, torch.zeros(SHAPE[0]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 4. the linear noise of Flow-GRPO's Wan trainer: g = a (sigma_min + (sigma_max - sigma_min) sigma)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _linear_hand(v, x, sigma, sigma_next, level, lo, hi):
+    """Flow-GRPO's Wan SDE step as its code writes it (fp64): std_dev_t = lo + (hi - lo) sigma (times a),
+    mean = x (1 + std_dev_t^2 / (2 sigma) dt) + v (1 + std_dev_t^2 (1 - sigma) / (2 sigma)) dt,
+    std = std_dev_t sqrt(-dt)."""
+    x, v = x.double(), v.double()
+    dt = sigma_next - sigma
+    g = level * (lo + (hi - lo) * sigma)
+    mean = x * (1 + g**2 / (2 * sigma) * dt) + v * (1 + g**2 * (1 - sigma) / (2 * sigma)) * dt
+    return mean, g * math.sqrt(-dt)
+
+
+@pytest.mark.parametrize("level", [1.0, 0.5])
+@pytest.mark.parametrize("sigma,sigma_next", [(0.999999, 0.9828), (0.8, 0.6), (0.3, 0.0)])
+def test_linear_sde_matches_flow_grpo_wan_formula(level, sigma, sigma_next):
+    """mean, std, sample and log-prob of the linear schedule equal the hand formula, also at UniPC's first sigma
+    (1 - 1e-6), where it stays finite; (sigma_min, sigma_max) = (0, 0.9828), a Wan schedule's last and second."""
+    v, x, z = _randn(70, 3)
+    lo, hi = 0.0, 0.9828
+    mean_ref, std_ref = _linear_hand(v, x, sigma, sigma_next, level, lo, hi)
+    step = flow_sde_step(v, x, sigma, sigma_next, noise_level=level, schedule="linear", sigma_range=(lo, hi),
+                         variance_noise=z)
+    torch.testing.assert_close(step.std.double(), torch.full((SHAPE[0], 1, 1, 1), std_ref, dtype=torch.float64),
+                               rtol=2e-6, atol=0)
+    torch.testing.assert_close(step.mean.double(), mean_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(step.log_prob.double(), _normal_lp(step.prev_sample, mean_ref, torch.tensor(std_ref)),
+                               rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="sigma_range"):
+        flow_sde_step(v, x, sigma, sigma_next, noise_level=level, schedule="linear")

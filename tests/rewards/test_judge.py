@@ -101,6 +101,28 @@ def test_endpoint_judge_gives_the_local_scores_through_a_real_chat_server(local,
         assert asked == sorted(RUBRIC.format(prompt=s.prompt) for s in samples)
 
 
+def test_a_video_is_judged_on_evenly_spaced_frames(local, chat_server):
+    """A video output: `frames` of its frames (first and last included) follow the input images, in order, as
+    PNGs; `output: video` judges only videos. Scores equal the in-process judge asked the same conversation."""
+    from rewards.sample import Video
+
+    scenes = _scenes(3, task="attribute")
+    clip = Video(frames=[scenes[0].images[0], scenes[1].images[0], scenes[2].images[0], scenes[1].images[0],
+                         scenes[2].images[0]], fps=4)
+    video = Sample(prompt=scenes[2].prompt, output=clip, id="clip")
+    entry = {"rubric": RUBRIC, "choices": COLOURS, "image_size": SIZE, "max_new_tokens": 8, "output": "video",
+             "frames": 3}
+    with chat_server(local.backend) as server:
+        got = resolve("judge", {"url": server.url, **entry})([video, scenes[0]])
+        (body,) = server.requests
+    content = body["messages"][0]["content"]
+    assert [part["type"] for part in content] == ["image_url"] * 3 + ["text"]   # frames 0, 2, 4 of 5
+    picked = [clip.frames[k].resize(tuple(SIZE)) for k in (0, 2, 4)]
+    assert got == [parse_choice(local.backend.reply([(picked, RUBRIC.format(prompt=video.prompt))])[0], COLOURS), None]
+    with pytest.raises(LookupFailed, match="frames must be an integer >= 1"):
+        check("judge", {**entry, "url": "http://x", "frames": 0}, "rewards[0].name")
+
+
 def test_a_request_slower_than_its_timeout_is_retried_then_unscorable(local, chat_server):
     samples = _scenes(2)
     with chat_server(local.backend, delay_s=1.5) as server:

@@ -37,6 +37,7 @@ SPECS = {
     "iou": ("box", lambda d: {"threshold": None}),
     "jpeg_compressibility": ("image", lambda d: {}),
     "jpeg_incompressibility": ("image", lambda d: {}),
+    "per_frame": ("video", lambda d: {"reward": "jpeg_compressibility", "reduce": "min"}),
     "clip_score": ("image", lambda d: tiny.tiny_clip_kwargs()),
     "pickscore": ("image", lambda d: {"model": d["hf_clip"], "processor": d["hf_clip"]}),
     "hpsv2": ("image", lambda d: {"checkpoint": d["hps"], **tiny.tiny_clip_kwargs()}),
@@ -74,6 +75,12 @@ def image_samples():
             Sample("a blue dog", Image.new("L", (30, 18), 128))]
 
 
+def video_samples():
+    from rewards.sample import Video
+
+    return [Sample(s.prompt, Video(frames=[s.output, s.output.rotate(90)])) for s in image_samples()]
+
+
 def shapes_image_samples():
     from shapes_world.tasks import render_prompt, t2i_prompt_space
 
@@ -93,9 +100,10 @@ def episode_samples():
             Sample("walk", "down\ndown", meta={"return": 0.0, "success": False})]
 
 
-SAMPLES = {"text": text_samples, "box": box_samples, "image": image_samples,
+SAMPLES = {"text": text_samples, "box": box_samples, "image": image_samples, "video": video_samples,
            "shapes_image": shapes_image_samples, "shapes_text": shapes_text_samples, "episode": episode_samples}
-OTHER_KIND = {"text": "image", "box": "image", "image": "text", "shapes_image": "text", "shapes_text": "image",
+OTHER_KIND = {"text": "image", "box": "image", "image": "text", "video": "image", "shapes_image": "text",
+              "shapes_text": "image",
               "episode": "text"}
 
 

@@ -62,6 +62,19 @@ def test_remote_scores_equal_the_local_reward_exactly_for_images(tmp_path, servi
     assert len(set(got)) == len(samples)          # the plug-in's scores tell every image apart
 
 
+def test_remote_scores_equal_the_local_reward_exactly_for_videos(tmp_path, serving):
+    """A video's frames travel as PNGs with its fps: the served per-frame reward scores what the local one does."""
+    from rewards.sample import Video
+
+    specs = t2i_records("train")[:3]
+    clips = [Video(frames=[render_prompt(s, seed=i + k) for k in range(3)], fps=8) for i, s in enumerate(specs)]
+    samples = [Sample(s["prompt"], c, meta=s, id=str(i)) for i, (s, c) in enumerate(zip(specs, clips))]
+    name, kwargs = "per_frame", {"reward": _image_reward_file(tmp_path), "reduce": "min"}
+    with serving(resolve(name, kwargs), name) as url:
+        got = _remote(url)(samples)
+    assert got == resolve(name, kwargs)(samples) and len(set(got)) == 3
+
+
 def test_health_and_token(serving):
     with serving(lambda s: [1.0] * len(s), "ones", token="s3cret") as url:
         body = {"samples": [{"output": {"text": "x"}}]}
@@ -103,6 +116,10 @@ BAD_BODIES = [
     (b"{\"samples\": [{\"output\": {\"text\": \"x\"}, \"images\": [\"@@@\"]}]}", 422, "samples[0].images[0]: not valid base64"),
     (b"{\"samples\": [{\"output\": {\"image_png_b64\": \"aGVsbG8=\"}}]}", 422, "samples[0].output.image_png_b64: not a readable image"),
     (b"{\"samples\": [{\"output\": {\"text\": \"x\"}, \"meta\": [1]}]}", 422, "samples[0].meta: expected dict"),
+    (b"{\"samples\": [{\"output\": {\"video_png_b64\": [], \"fps\": 8}}]}", 422,
+     "samples[0].output.video_png_b64: expected a non-empty list"),
+    (b"{\"samples\": [{\"output\": {\"video_png_b64\": [\"aGVsbG8=\"], \"fps\": 0}}]}", 422,
+     "samples[0].output.fps: expected a number > 0"),
     (b"{\"samples\": [{\"output\": {\"text\": \"x\"}, \"scores\": 1}]}", 422, "samples[0]: unknown field(s) 'scores'"),
 ]
 
