@@ -107,7 +107,7 @@ def diffusion_options(ap: argparse.ArgumentParser) -> None:
 
 
 def tiny_diffusion_policy(kind: str, overrides: list[str]):
-    """A built diffusion policy on a tiny model of `kind` (sd3 | sd | flux) and its config."""
+    """A built diffusion policy on a tiny model of `kind` (sd3 | sd | flux | wan) and its config."""
     from mmrl.config import load_config
     from mmrl.config.policies import BuildContext, build_policy
 

@@ -1,6 +1,7 @@
 """mmrl's SDE rollout (with log-probs) against the diffusers pipeline's own sampling.
 
-Same tiny model, prompts, images per prompt, steps and guidance; both decode to PIL images.
+Same tiny model, prompts, images (videos: the tiny Wan's 9-frame clips) per prompt, steps and guidance; both
+decode to PIL images (frames), all of a call's samples in one VAE call.
 mmrl also records the per-step log-probs, stores the trained steps' latents, and builds
 reward samples. Text encoding is matched on both sides: the empty negative prompt is encoded once
 for each, and mmrl's prompt cache (policy.text_cache_size) is timed in its two regimes against a
@@ -32,10 +33,14 @@ PROMPTS = ["a red circle", "two blue squares"]
 def embeddings(pipe, kind: str, group: int, max_sequence_length: int) -> tuple[dict, dict]:
     """The pipeline's own encodings for a call on PROMPTS, computed once: (negative only, prompts and
     negative); the images are the same as when the pipeline encodes them in the call. SD's pipeline
-    repeats given embeddings per image itself, SD3's takes them per image (and then draws
-    num_images_per_prompt images per given row, so it is called with 1)."""
+    repeats given embeddings per image itself, SD3's and Wan's take them per image (and then draw
+    num_images_per_prompt / num_videos_per_prompt samples per given row, so they are called with 1)."""
     if kind == "sd":
         pos, neg = pipe.encode_prompt(PROMPTS, pipe.device, 1, True)
+        return {"negative_prompt_embeds": neg}, {"prompt_embeds": pos, "negative_prompt_embeds": neg}
+    if kind == "wan":
+        pos, neg = pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=True, num_videos_per_prompt=group,
+                                      max_sequence_length=max_sequence_length)
         return {"negative_prompt_embeds": neg}, {"prompt_embeds": pos, "negative_prompt_embeds": neg}
     pos, neg, pos_pooled, neg_pooled = pipe.encode_prompt(PROMPTS, None, None, num_images_per_prompt=group,
                                                           do_classifier_free_guidance=True,
@@ -63,12 +68,16 @@ def contenders(kind: str, steps: int, group: int) -> dict:
         per_prompt = 1 if prompt is None and kind != "sd" else group
 
         def call():
-            kwargs = dict(prompt=prompt, num_images_per_prompt=per_prompt, num_inference_steps=steps,
-                          guidance_scale=cfg.policy.guidance_scale, generator=torch.Generator().manual_seed(1),
-                          output_type="pil", **given)
+            kwargs = dict(prompt=prompt, num_inference_steps=steps, guidance_scale=cfg.policy.guidance_scale,
+                          generator=torch.Generator().manual_seed(1), output_type="pil", **given)
             if kind != "sd":
                 kwargs["max_sequence_length"] = cfg.policy.max_sequence_length
-            return pipe(**kwargs).images
+            if kind == "wan":
+                fam = policy.family
+                kwargs.update(num_videos_per_prompt=per_prompt, height=fam.height, width=fam.width,
+                              num_frames=fam.num_frames)
+                return pipe(**kwargs).frames
+            return pipe(num_images_per_prompt=per_prompt, **kwargs).images
         return call
 
     return {"mmrl, first visit": cold, "mmrl, steady state": warm,
@@ -78,14 +87,15 @@ def contenders(kind: str, steps: int, group: int) -> dict:
 
 def measure(args) -> Report:
     rows, summary = [], []
-    for kind in ("sd3", "sd"):
+    for kind in ("sd3", "sd", "wan"):
         t = {name: median(ts) for name, ts in interleaved(contenders(kind, args.steps, args.group),
                                                           repeats=args.repeats).items()}
         rows += [[kind, name, s] for name, s in t.items()]
         summary.append([kind, t["mmrl, first visit"] / t["pipeline, encodes prompts"],
                         t["mmrl, steady state"] / t["pipeline, prompt embeds given"],
                         t["mmrl, steady state"] / t["pipeline, encodes prompts"]])
-    what = f"{len(PROMPTS)} prompts x {args.group} images, {args.steps} steps, CFG ({machine()})"
+    what = (f"{len(PROMPTS)} prompts x {args.group} images (wan: 9-frame 32 x 32 clips), {args.steps} steps, CFG "
+            f"({machine()})")
     ratios = table("mmrl / diffusers", ["family", "first visit", "steady state", "steady vs encoding pipeline"],
                    summary)
     worst = max(summary, key=lambda r: r[2])

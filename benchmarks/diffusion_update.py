@@ -71,13 +71,13 @@ def memory(kind: str, steps: int, group: int) -> list[list]:
 
 def measure(args) -> Report:
     rows, ratios, mem = [], [], []
-    for kind in ("sd3", "sd"):
+    for kind in ("sd3", "sd", "wan"):
         pair, ratio = pair_rows(kind, interleaved(contenders(kind, args.steps, args.group), repeats=args.repeats))
         rows += pair
         ratios.append(ratio)
         mem += memory(kind, args.steps, args.group)
-    title = (f"diffusion update, {len(PROMPTS)} prompts x {args.group} images x {args.steps} trained steps, CFG "
-             f"({machine()})")
+    title = (f"diffusion update, {len(PROMPTS)} prompts x {args.group} images (wan: 9-frame clips) x {args.steps} "
+             f"trained steps, CFG ({machine()})")
     return Report([table(title, ["family", "contender", "median s", "ratio"], rows),
                    table("rollout memory per sample (stored latents)",
                          ["family", "timesteps", "latents", "bytes", "all S+1 bytes", "fraction"], mem)],

@@ -11,5 +11,5 @@ remote:    remote (a reward served by `mmrl rewards serve`; needs the `serve` ex
 """
 
 from rewards.builtin import clip, episode, grounding, image, remote, text, video  # noqa: F401  (register on import)
-from rewards.shapes import quality, verify  # noqa: F401,E402  (shapes_t2i, shapes_vlm, shapes_stray)
+from rewards.shapes import motion, quality, verify  # noqa: F401,E402  (shapes_t2i, shapes_vlm, shapes_stray, shapes_motion)
 from rewards import judge  # noqa: F401,E402  (judge)

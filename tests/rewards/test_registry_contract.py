@@ -44,6 +44,8 @@ SPECS = {
     "aesthetic": ("image", lambda d: {"checkpoint": d["mlp"], **tiny.tiny_clip_kwargs()}),
     "shapes_t2i": ("shapes_image", lambda d: {}),
     "shapes_stray": ("image", lambda d: {}),
+    "shapes_motion": ("shapes_video", lambda d: {}),
+    "shapes_motion_direction": ("shapes_video", lambda d: {}),
     "shapes_vlm": ("shapes_text", lambda d: {}),
     "env_return": ("episode", lambda d: {}),
     "env_success": ("episode", lambda d: {}),
@@ -88,6 +90,13 @@ def shapes_image_samples():
     return [Sample(s["prompt"], render_prompt(s, i), meta=s) for i, s in enumerate(specs)]
 
 
+def shapes_video_samples():
+    from shapes_world.motion import render_clip, t2v_prompt_space
+
+    specs = t2v_prompt_space()[:3]
+    return [Sample(s["prompt"], render_clip(s, i), meta=s) for i, s in enumerate(specs)]
+
+
 def shapes_text_samples():
     return [Sample("q", "<answer>2</answer>", answer="2", meta={"task": "count"}),
             Sample("q", "<answer>red</answer>", answer="blue", meta={"task": "attribute"}),
@@ -101,8 +110,9 @@ def episode_samples():
 
 
 SAMPLES = {"text": text_samples, "box": box_samples, "image": image_samples, "video": video_samples,
-           "shapes_image": shapes_image_samples, "shapes_text": shapes_text_samples, "episode": episode_samples}
+           "shapes_image": shapes_image_samples, "shapes_video": shapes_video_samples, "shapes_text": shapes_text_samples, "episode": episode_samples}
 OTHER_KIND = {"text": "image", "box": "image", "image": "text", "video": "image", "shapes_image": "text",
+              "shapes_video": "shapes_image",
               "shapes_text": "image",
               "episode": "text"}
 
