@@ -68,6 +68,8 @@ class WanFamily(PipelineFamily):
     def load(model: str, opts):
         from diffusers import WanPipeline
 
+        import diffusion.pixel  # noqa: F401  (makes PixelVideoAutoencoder loadable for pixel-space pipelines)
+
         return WanPipeline.from_pretrained(model, torch_dtype=opts.dtype, revision=opts.revision, variant=opts.variant)
 
     @torch.no_grad()
