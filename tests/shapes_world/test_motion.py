@@ -20,7 +20,7 @@ def test_prompt_space_and_split():
     assert len(t2v_records("eval", repeats=3)) == 3 * len(held_out)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 7])
+@pytest.mark.parametrize("seed", [0, 7])
 def test_every_prompt_has_a_clip_that_satisfies_it(seed):
     """Every prompt's clip scores 1 on every check, and 0 on direction for each of the other three directions."""
     for spec in t2v_prompt_space():
