@@ -1,6 +1,7 @@
-"""The diffusion policy: a diffusers text-to-image model whose SDE denoising steps are the actions.
+"""The diffusion policy: a diffusers text-to-image or text-to-video model whose SDE denoising steps are the actions.
 
-rollout:      G images per prompt; the log-prob of each trained step (T per sample, see timesteps.py)
+rollout:      G images (video families: clips, `rewards.Video`) per prompt; the log-prob of each trained step (T per
+              sample, see timesteps.py)
 log_probs:    the same steps re-scored with grad through the one `predict` (ratio exactly 1 on-policy)
 KL:           exact Gaussian KL of the SDE step to the reference model's (LoRA disabled, or a frozen
               copy for full fine-tuning, built only when algo.kl_beta != 0): `reference_log_probs` returns
@@ -13,7 +14,8 @@ GRPO-Guard:   (arXiv 2510.22319, `mmrl.algorithms.guard`) `log_probs` also retur
               (`state["old_mean"]` [N, T, ...]) and `log_probs` returns the drift
               ||mu_theta - mu_old||^2 / (2 D s^2) (`Scores.mean_drift`, the exact Gaussian KL's formula).
 prompts:      each encoded alone (batch 1) and kept across steps in an LRU of `text_cache_size` prompts
-              (text_cache.py); images decoded `decode_batch` rows per VAE call (padded).
+              (text_cache.py); images decoded `decode_batch` rows per VAE call (padded; clips 1 by default).
+SDE check:    a flow schedule whose step would flip the latent (coefficient a <= 0) is refused at build.
 save / load:  the trainable weights as one safetensors file (diffusers LoRA format for LoRA).
 DiffusionNFT: (arXiv 2509.16117, algo.objective=nft, `diffusion.nft`) the old policy samples the rollouts,
               which keep only the clean latents; `forward_process_loss` and `update_old` serve

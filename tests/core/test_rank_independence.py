@@ -26,10 +26,13 @@ HASH_REWARD = f"{os.path.abspath(__file__)}:output_hash"
 
 
 def output_hash(samples) -> list:
-    """Reward: a number fixed by the sample's id and output (text, or the image's pixels)."""
+    """Reward: a number fixed by the sample's id and output (text, the image's pixels, or a clip's frames' pixels)."""
     out = []
     for s in samples:
-        data = s.output.tobytes() if hasattr(s.output, "tobytes") else str(s.output).encode()
+        if hasattr(s.output, "frames"):                                # a rewards.Video
+            data = b"".join(f.tobytes() for f in s.output.frames)
+        else:
+            data = s.output.tobytes() if hasattr(s.output, "tobytes") else str(s.output).encode()
         out.append(int(hashlib.sha256(s.id.encode() + data).hexdigest()[:8], 16) / 0xFFFFFFFF)
     return out
 
@@ -61,17 +64,23 @@ def _same_output(a, b, dir_a: str, dir_b: str) -> bool:
     if isinstance(a, str) and a.endswith(".png"):
         pixels = [np.asarray(Image.open(os.path.join(d, "samples", p))) for d, p in ((dir_a, a), (dir_b, b))]
         return np.array_equal(*pixels)
+    if isinstance(a, str) and a.endswith(".gif"):                       # a clip: the same GIF bytes
+        with open(os.path.join(dir_a, "samples", a), "rb") as fa, open(os.path.join(dir_b, "samples", b), "rb") as fb:
+            return fa.read() == fb.read()
     return a == b
 
 
 # kernels: the machine's own, or limited to a lower instruction set (mmrl.distributed.determinism.lower_isa), so that an
 # exactness that holds on one instruction set only fails on any machine
-@pytest.mark.parametrize("kernels", ["native", "lower"])
-@pytest.mark.parametrize("config,rewards", [
-    ("vlm_tiny.yaml", f"[{{name: format, weight: 0.5}}, {{name: numeric}}, {{name: '{HASH_REWARD}', label: hash}}]"),
-    ("sd3_tiny.yaml", f"[{{name: jpeg_compressibility}}, {{name: '{HASH_REWARD}', label: hash}}]"),
-    ("agent_tiny.yaml", f"[{{name: env_return}}, {{name: '{HASH_REWARD}', label: hash}}]"),
-], ids=["vlm", "sd3", "agent"])
+CONFIGS = {"vlm": ("vlm_tiny.yaml", f"[{{name: format, weight: 0.5}}, {{name: numeric}}, {{name: '{HASH_REWARD}', label: hash}}]"),
+           "sd3": ("sd3_tiny.yaml", f"[{{name: jpeg_compressibility}}, {{name: '{HASH_REWARD}', label: hash}}]"),
+           "agent": ("agent_tiny.yaml", f"[{{name: env_return}}, {{name: '{HASH_REWARD}', label: hash}}]"),
+           "wan": ("wan_tiny.yaml", f"[{{name: per_frame, reward: jpeg_compressibility}}, {{name: '{HASH_REWARD}', label: hash}}]")}
+# video: the lower instruction set only (test_fsdp.py's wan case compares 1 and 2 processes with the native kernels)
+CASES = [(name, kernels) for name in ("vlm", "sd3", "agent") for kernels in ("native", "lower")] + [("wan", "lower")]
+
+
+@pytest.mark.parametrize("config,rewards,kernels", [(*CONFIGS[n], k) for n, k in CASES], ids=[f"{n}-{k}" for n, k in CASES])
 def test_one_and_two_processes_sample_the_same_first_step(tmp_path, config, rewards, kernels, free_port,
                                                         run_side_by_side):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
