@@ -76,8 +76,10 @@ CONFIGS = {"vlm": ("vlm_tiny.yaml", f"[{{name: format, weight: 0.5}}, {{name: nu
            "sd3": ("sd3_tiny.yaml", f"[{{name: jpeg_compressibility}}, {{name: '{HASH_REWARD}', label: hash}}]"),
            "agent": ("agent_tiny.yaml", f"[{{name: env_return}}, {{name: '{HASH_REWARD}', label: hash}}]"),
            "wan": ("wan_tiny.yaml", f"[{{name: per_frame, reward: jpeg_compressibility}}, {{name: '{HASH_REWARD}', label: hash}}]")}
-# video: the lower instruction set only (test_fsdp.py's wan case compares 1 and 2 processes with the native kernels)
-CASES = [(name, kernels) for name in ("vlm", "sd3", "agent") for kernels in ("native", "lower")] + [("wan", "lower")]
+# the agent with both kernels; the VLM and the diffusion families with the lower instruction set only: with the native
+# kernels, 1 and 2 processes are compared by test_fsdp.py (vlm_*, sd3_full, wan_lora: rank 0's samples) and
+# test_diffusion_cli.py (sd3 under DDP)
+CASES = [("agent", "native"), ("agent", "lower"), ("vlm", "lower"), ("sd3", "lower"), ("wan", "lower")]
 
 
 @pytest.mark.parametrize("config,rewards,kernels", [(*CONFIGS[n], k) for n, k in CASES], ids=[f"{n}-{k}" for n, k in CASES])
