@@ -4,6 +4,7 @@ text:      format, math, choice, numeric, exact, contains, overlong
 grounding: iou
 image:     jpeg_compressibility, jpeg_incompressibility
 video:     per_frame (an image reward lifted to a video's frames, mean or min)
+           temporal_clip, temporal_warp (consecutive frames alike: CLIP cosine, optical-flow warp error)
 clip:      clip_score, pickscore, hpsv2, aesthetic (factories; models load when built)
 episode:   env_return, env_success (multi-turn agents)
 judge:     judge (a vision-language model asked a rubric question; rewards/judge.py)

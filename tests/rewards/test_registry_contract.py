@@ -38,6 +38,8 @@ SPECS = {
     "jpeg_compressibility": ("image", lambda d: {}),
     "jpeg_incompressibility": ("image", lambda d: {}),
     "per_frame": ("video", lambda d: {"reward": "jpeg_compressibility", "reduce": "min"}),
+    "temporal_clip": ("video", lambda d: {**tiny.tiny_clip_kwargs(), "reduce": "min", "batch_size": 2}),
+    "temporal_warp": ("video", lambda d: {"reduce": "max"}),
     "clip_score": ("image", lambda d: tiny.tiny_clip_kwargs()),
     "pickscore": ("image", lambda d: {"model": d["hf_clip"], "processor": d["hf_clip"]}),
     "hpsv2": ("image", lambda d: {"checkpoint": d["hps"], **tiny.tiny_clip_kwargs()}),
