@@ -29,6 +29,7 @@ temporary folder beside `--out` and renamed into place.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -96,28 +97,61 @@ def targets(records: list[dict], n: int, drop: float, rng: random.Random,
     return prompts, torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()  # [n, 3, H, W]
 
 
+def noised(x0: torch.Tensor, shift: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rectified-flow training inputs for targets x0 [n, ...]: (x_sigma, sigma [n], the velocity e - x0), with
+    sigma ~ logit-normal(0, 1) (SD3's timestep sampling, section 3.1) shifted toward noise as the sampler's
+    timestep shift, x_sigma = (1 - sigma) x0 + sigma e."""
+    n = x0.shape[0]
+    sigma = torch.sigmoid(torch.randn(n, generator=gen))                      # [n] logit-normal(0, 1)
+    sigma = shift * sigma / (1 + (shift - 1) * sigma)                         # [n] shifted toward noise
+    noise = torch.randn(x0.shape, generator=gen)                              # [n, ...] like x0
+    s = sigma.view(n, *[1] * (x0.dim() - 1))
+    return (1 - s) * x0 + s * noise, sigma, noise - x0
+
+
 def flow_matching_loss(pipe, prompts: list[str], x0: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Mean squared error of the predicted velocity against e - x0 (text encoders with grad)."""
     embeds, _, pooled, _ = pipe.encode_prompt(prompt=prompts, prompt_2=None, prompt_3=None, device=x0.device,
                                               do_classifier_free_guidance=False,
                                               max_sequence_length=t2i_model.TEXT_LEN)   # [n, L, D], [n, P]
-    n = x0.shape[0]
-    sigma = torch.sigmoid(torch.randn(n, generator=gen))                      # [n] logit-normal(0, 1)
-    shift = pipe.scheduler.config.shift                                       # the sampler's timestep shift
-    sigma = shift * sigma / (1 + (shift - 1) * sigma)                         # [n] (SD3, resolution-dependent shift)
-    noise = torch.randn(x0.shape, generator=gen)                              # [n, 3, H, W]
-    s = sigma.view(n, 1, 1, 1)
-    x_sigma = (1 - s) * x0 + s * noise                                        # [n, 3, H, W]
+    x_sigma, sigma, velocity = noised(x0, pipe.scheduler.config.shift, gen)   # [n, 3, H, W], [n], [n, 3, H, W]
     v = pipe.transformer(hidden_states=x_sigma, timestep=sigma * 1000, encoder_hidden_states=embeds,
                          pooled_projections=pooled, return_dict=False)[0]     # [n, 3, H, W]
-    return torch.nn.functional.mse_loss(v, noise - x0)
+    return torch.nn.functional.mse_loss(v, velocity)
 
 
-def trainable(pipe) -> list[torch.nn.Parameter]:
-    modules = (pipe.transformer, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3)
+def fit_loop(modules: tuple, step_loss, iters: int, args: argparse.Namespace, label: str, hook=None) -> float:
+    """Train `modules` for `iters` AdamW steps of `step_loss()` (a fresh optimizer with args.lr after args.warmup
+    linear warm-up steps, gradients clipped to norm 1); print the mean loss every args.log_every steps; run
+    `hook(step)` every args.eval_every steps (modules back in train mode after it). Leaves the modules in eval
+    mode without grad; returns the mean loss of the last logging window."""
+    def train_mode():
+        for m in modules:
+            m.train().requires_grad_(True)
+
+    train_mode()
+    params = [p for m in modules for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(1, args.warmup)))
+    window, last, start = [], float("nan"), time.perf_counter()
+    for step in range(1, iters + 1):
+        loss = step_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        window.append(float(loss.detach()))
+        if step % args.log_every == 0 or step == iters:
+            print(f"{label} step {step:5d}  loss {sum(window) / len(window):.4f}  "
+                  f"{time.perf_counter() - start:6.0f}s", flush=True)
+            last, window = sum(window) / len(window), []
+        if hook is not None and args.eval_every and step % args.eval_every == 0:
+            hook(step)
+            train_mode()
     for m in modules:
-        m.train().requires_grad_(True)
-    return [p for m in modules for p in m.parameters()]
+        m.eval().requires_grad_(False)
+    return last
 
 
 def fit(pipe, args: argparse.Namespace, iters: int, bias: float, seed: int, hook=None) -> float:
@@ -126,28 +160,14 @@ def fit(pipe, args: argparse.Namespace, iters: int, bias: float, seed: int, hook
     Returns the mean loss of the last logging window."""
     records, rng = t2i_records("train"), random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    params = trainable(pipe)
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(1, args.warmup)))
-    window, last, start = [], float("nan"), time.perf_counter()
-    for step in range(1, iters + 1):
+
+    def step_loss():
         prompts, x0 = targets(records, args.batch, args.drop, rng, bias)
-        loss = flow_matching_loss(pipe, prompts, x0, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        window.append(float(loss.detach()))
-        if step % args.log_every == 0 or step == iters:
-            print(f"bias {bias:.2f} step {step:5d}  loss {sum(window) / len(window):.4f}  "
-                  f"{time.perf_counter() - start:6.0f}s", flush=True)
-            last, window = sum(window) / len(window), []
-        if hook is not None and args.eval_every and step % args.eval_every == 0:
-            hook(step, pipe)
-    for m in (pipe.transformer, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3):
-        m.eval().requires_grad_(False)
-    return last
+        return flow_matching_loss(pipe, prompts, x0, gen)
+
+    modules = (pipe.transformer, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3)
+    return fit_loop(modules, step_loss, iters, args, f"bias {bias:.2f}",
+                    None if hook is None else lambda step: hook(step, pipe))
 
 
 def save(pipe, out: str) -> None:
@@ -157,6 +177,14 @@ def save(pipe, out: str) -> None:
     tmp = tempfile.mkdtemp(prefix=".shapes_t2i-", dir=parent)
     try:
         pipe.save_pretrained(tmp, safe_serialization=True)
+        for root, _, files in os.walk(tmp):          # a pipeline loaded with --init remembers its folder: drop it
+            for name in (f for f in files if f.endswith(".json")):
+                with open(os.path.join(root, name)) as f:
+                    config = json.load(f)
+                if config.pop("_name_or_path", None) is not None:
+                    with open(os.path.join(root, name), "w") as f:
+                        json.dump(config, f, indent=2, sort_keys=True)
+                        f.write("\n")
         if os.path.isdir(out):
             shutil.rmtree(out)
         os.rename(tmp, out)
@@ -205,7 +233,6 @@ def main(argv: list[str] | None = None) -> int:
             save(model, os.path.join(tmp, "pipe"))
             print(f"step {step:5d}  held-out shapes_t2i {held_out_score(os.path.join(tmp, 'pipe'), args.config):.3f}",
                   flush=True)
-        trainable(model)
 
     start = time.perf_counter()
     loss = fit(pipe, args, args.iters, 0.0, args.seed, hook=report) if args.iters else float("nan")

@@ -4,9 +4,8 @@
 (pixels in [-1, 1], [B, 3, 5, 16, 16]; patches of 1 x 4 x 4 -> 16 tokens per frame, 80 per clip),
 `PixelVideoAutoencoder` in the VAE slot (identity, diffusion/pixel.py), a tiny UMT5 encoder over a WordLevel
 vocabulary of the moving-shapes prompts (shapes_world/motion.py), the UniPC flow scheduler of the released Wan
-checkpoints. It is the model of the text-to-video CPU default to come (issue 32); pretrained by flow matching on
-`render_clip` targets it did not yet learn the motion well enough for that default (about 0.2 held-out motion
-accuracy after 3000 steps of 32 clips), so no weights are committed.
+checkpoints. It is the model of the text-to-video CPU default (configs/tiny/t2v_shapes.yaml), pretrained by
+`python -m shapes_world.pretrain_t2v` into assets/tiny/shapes_t2v.
 """
 
 from __future__ import annotations
