@@ -23,7 +23,7 @@ import numpy as np
 from rewards.registry import register
 from rewards.sample import Video
 from rewards.shapes.palette import COLORS
-from rewards.shapes.verify import _blobs, _clutter, _colour_masks, _min_area, cleanliness
+from rewards.shapes import verify   # the module, not its names: importing verify first imports this one
 
 DIRECTIONS = {"right": (1, 0), "left": (-1, 0), "down": (0, 1), "up": (0, -1)}   # image axes: y grows downward
 MIN_MOVE = 0.15             # the displacement a clip needs along the asked axis, as a fraction of the frame side
@@ -31,11 +31,11 @@ MIN_MOVE = 0.15             # the displacement a clip needs along the asked axis
 
 def _frame(image, color: str):
     """(blobs of `color`, the centre of mass (x, y) of their pixels or None, the frame's clutter)."""
-    arr, masks = _colour_masks(image, 90.0)
-    blobs, covered = _blobs({color: masks[color]}, _min_area(arr, 0.004))
+    arr, masks = verify._colour_masks(image, 90.0)
+    blobs, covered = verify._blobs({color: masks[color]}, verify._min_area(arr, 0.004))
     ys, xs = np.nonzero(covered)
     centre = (float(xs.mean()), float(ys.mean())) if xs.size else None
-    return blobs, centre, _clutter(arr, covered)
+    return blobs, centre, verify._clutter(arr, covered)
 
 
 def displacement(centres: list) -> tuple[float, float] | None:
@@ -76,7 +76,7 @@ def score_clip(video: Video, color: str, shape: str, count: int, direction: str,
                                        min(video.size), min_move))}
     clutter = float(np.mean([c for _, _, c in frames]))
     score = sum(checks.values()) / len(checks)
-    return {**checks, "clutter": clutter, "score": score * cleanliness(clutter) if score else 0.0}
+    return {**checks, "clutter": clutter, "score": score * verify.cleanliness(clutter) if score else 0.0}
 
 
 def _spec(s) -> dict | None:

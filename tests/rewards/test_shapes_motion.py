@@ -83,3 +83,15 @@ def test_the_reward_functions_read_the_spec_and_skip_what_they_cannot_judge():
     assert rewards.resolve("shapes_motion_direction")(samples) == [1.0, None, None, 0.0]
     with pytest.raises(ValueError, match="unknown direction 'around'"):
         score_clip(clip, "red", "square", 1, "around")
+
+
+@pytest.mark.parametrize("first", ["rewards.shapes.verify", "rewards.shapes.motion", "rewards.builtin"])
+def test_the_shapes_verifiers_import_in_any_order(first):
+    """rewards.builtin registers the shapes verifiers and the motion verifier reads the image verifier: importing
+    either first in a fresh process (as pretrain_t2i's held-out score does) must not meet a half-made module."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", f"import {first}; import rewards; rewards.resolve('shapes_motion')"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-1500:]
