@@ -192,23 +192,28 @@ def save(pipe, out: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def held_out_score(folder: str, config: str = DEFAULT_CONFIG, overrides: tuple = ()) -> float:
-    """Mean shapes_t2i reward of the pipeline in `folder` under the step-0 evaluation of `config`:
-    its policy settings, its first eval.max_prompts eval records, seeds from mmrl.data.eval_seed."""
+def held_out_samples(folder: str, config: str, overrides: tuple = ()) -> list:
+    """The samples of the pipeline in `folder` under the step-0 evaluation of `config`: its policy settings, its
+    first eval.max_prompts eval records, seeds from mmrl.data.eval_seed."""
     from diffusion.policy import build
     from mmrl.config import load_config
     from mmrl.data import eval_seed, load_records
     from mmrl.config.policies import BuildContext
     from mmrl.types import PromptBatch
-    from rewards.shapes.verify import shapes_t2i
 
     cfg = load_config(config, [f"policy.model={folder}", *overrides])
     policy = build(cfg.policy, BuildContext(device=torch.device("cpu"), seed=cfg.seed, output_dir="", precision="fp32"))
     rows = load_records(cfg.data.eval, cfg.data.eval_kwargs, "data.eval")[:cfg.eval.max_prompts]
     index = list(range(len(rows)))
-    samples = policy.generate_eval(PromptBatch(rows=rows, index=index, seeds=[eval_seed(cfg.seed, i) for i in index],
-                                               step=-1))
-    scores = shapes_t2i(samples)
+    return policy.generate_eval(PromptBatch(rows=rows, index=index, seeds=[eval_seed(cfg.seed, i) for i in index],
+                                            step=-1))
+
+
+def held_out_score(folder: str, config: str = DEFAULT_CONFIG, overrides: tuple = ()) -> float:
+    """Mean shapes_t2i reward of the pipeline in `folder` under the step-0 evaluation of `config`."""
+    from rewards.shapes.verify import shapes_t2i
+
+    scores = shapes_t2i(held_out_samples(folder, config, overrides))
     return float(sum(scores) / len(scores))
 
 

@@ -45,7 +45,7 @@ import torch
 
 from shapes_world import t2v_model
 from shapes_world.motion import render_clip, t2v_records
-from shapes_world.pretrain_t2i import fit_loop, noised, save
+from shapes_world.pretrain_t2i import fit_loop, held_out_samples, noised, save
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "configs", "tiny", "t2v_shapes.yaml")
@@ -131,20 +131,10 @@ def fit(pipe, args: argparse.Namespace, iters: int, reverse: float, seed: int, h
 
 def held_out(folder: str, config: str = DEFAULT_CONFIG, overrides: tuple = ()) -> dict[str, float]:
     """Mean motion accuracy and motion score of the pipeline in `folder` under the step-0 evaluation of `config`
-    (its policy settings, its first eval.max_prompts eval records, seeds from mmrl.data.eval_seed)."""
-    from diffusion.policy import build
-    from mmrl.config import load_config
-    from mmrl.config.policies import BuildContext
-    from mmrl.data import eval_seed, load_records
-    from mmrl.types import PromptBatch
+    (pretrain_t2i.held_out_samples)."""
     from rewards.shapes.motion import shapes_motion, shapes_motion_direction
 
-    cfg = load_config(config, [f"policy.model={folder}", *overrides])
-    policy = build(cfg.policy, BuildContext(device=torch.device("cpu"), seed=cfg.seed, output_dir="", precision="fp32"))
-    rows = load_records(cfg.data.eval, cfg.data.eval_kwargs, "data.eval")[:cfg.eval.max_prompts]
-    index = list(range(len(rows)))
-    samples = policy.generate_eval(PromptBatch(rows=rows, index=index, seeds=[eval_seed(cfg.seed, i) for i in index],
-                                               step=-1))
+    samples = held_out_samples(folder, config, overrides)
     direction, score = shapes_motion_direction(samples), shapes_motion(samples)
     return {"accuracy": float(np.mean(direction)), "score": float(np.mean(score))}
 
