@@ -103,7 +103,7 @@ def targets(records: list[dict], n: int, drop: float, rng: random.Random,
 
 
 def flow_matching_loss(pipe, prompts: list[str], x0: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Mean squared error of the predicted velocity against e - x0 (the text encoder with grad)."""
+    """Mean squared error of the predicted velocity against e - x0 (the text encoder frozen: no grad through it)."""
     embeds, _ = pipe.encode_prompt(prompt=prompts, do_classifier_free_guidance=False, device=x0.device,
                                    max_sequence_length=t2v_model.TEXT_LEN)            # [n, L, D]
     x_sigma, sigma, velocity = noised(x0, t2v_model.SHIFT, gen)                       # [n, 3, F, H, W], [n], ...
@@ -116,7 +116,8 @@ def fit(pipe, args: argparse.Namespace, iters: int, reverse: float, seed: int, h
     """Train `pipe` in place for `iters` steps (targets played backwards with prob `reverse`; a fresh optimizer,
     warm-up and RNG per phase); `hook(step, pipe)` runs every args.eval_every steps. Returns the last logging
     window's mean loss."""
-    torch.manual_seed(seed)                     # the text encoder's dropout: a phase depends on its weights and seed
+    torch.manual_seed(seed)     # no step draws from the global RNG today; seeded so a phase stays a function of its
+                                # starting weights and seed should one (a dropout) ever do
     records, rng = t2v_records("train"), random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
 
