@@ -19,11 +19,20 @@ _DTYPES = ("float32", "float16", "bfloat16")
 _CONFIG_DIR: str | None = None  # where custom open_clip configs are written (once per process)
 
 
+def check_open_clip_args(dtype: str, model_config: dict | None) -> None:
+    """The open_clip arguments checked before any model is built: `dtype` and a custom `model_config`."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    if model_config is not None and not (isinstance(model_config, dict) and
+                                         all(k in model_config for k in ("embed_dim", "vision_cfg", "text_cfg"))):
+        raise ValueError("model_config must be an open_clip model config dict with keys "
+                         f"embed_dim, vision_cfg, text_cfg; got {model_config!r}")
+
+
 def _torch_dtype(dtype: str):
     import torch
 
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    check_open_clip_args(dtype, None)
     return getattr(torch, dtype)
 
 
@@ -32,9 +41,7 @@ def _add_open_clip_config(name: str, config: dict) -> None:
     import open_clip
 
     global _CONFIG_DIR
-    if not isinstance(config, dict) or not all(k in config for k in ("embed_dim", "vision_cfg", "text_cfg")):
-        raise ValueError("model_config must be an open_clip model config dict with keys "
-                         f"embed_dim, vision_cfg, text_cfg; got {config!r}")
+    check_open_clip_args(_DTYPES[0], config)
     _CONFIG_DIR = _CONFIG_DIR or tempfile.mkdtemp(prefix="mmrl_open_clip_configs_")
     path = os.path.join(_CONFIG_DIR, f"{name}.json")
     with open(path, "w") as f:

@@ -54,7 +54,7 @@ learns to stop moving.
 
 from __future__ import annotations
 
-from rewards.builtin.clip import _DTYPES, _clip_embeds, _open_clip
+from rewards.builtin.clip import _clip_embeds, _open_clip, check_open_clip_args
 from rewards.models import fixed_rows
 from rewards.registry import check, register, resolve
 from rewards.sample import Sample, Video, frame_indices
@@ -140,12 +140,10 @@ def _validate_temporal_clip(model: str = "ViT-H-14", pretrained: str | None = "l
     name = "temporal_clip"
     _validate_pairs(name, frames, reduce, ("mean", "min"))
     _positive_int(name, "batch_size", batch_size)
-    if dtype not in _DTYPES:
-        raise ValueError(f"reward {name!r}: dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
-    if model_config is not None and not (isinstance(model_config, dict)
-                                         and all(k in model_config for k in ("embed_dim", "vision_cfg", "text_cfg"))):
-        raise ValueError(f"reward {name!r}: model_config must be an open_clip model config mapping with keys "
-                         f"embed_dim, vision_cfg, text_cfg; got {model_config!r}")
+    try:
+        check_open_clip_args(dtype, model_config)
+    except ValueError as e:
+        raise ValueError(f"reward {name!r}: {e}") from None
 
 
 @register("temporal_clip", factory=True)
