@@ -187,7 +187,8 @@ def _sections(run_dir: str, rows: list[dict], config: dict) -> list[str]:
     out.append(_section("Held-out outputs at each evaluation", "".join(pictures)))
     out.append(_section("Held-out videos", _videos(evals)))
     out.append(_section("Before and after", _picture("before and after", os.path.join(run_dir, "before_after.png"),
-                                                      "the first evaluation above the last")))
+                                                      "the first evaluation above the last (videos: each clip's frames "
+                                                      "before on the left, after on the right)")))
     time_keys = _keys(rows, r"time/.+_s")
     timing = _figure("step time", _line_figure(rows, [(k, k, "-") for k in time_keys], "seconds"))
     if time_keys:

@@ -172,14 +172,78 @@ def task_table(before: list[dict], after: list[dict]) -> list[list[str]]:
 TASK_HEADER = ["task", "gold answer", "n", "reward before", "reward after", "top output before", "top output after"]
 
 
-def before_after(run_dir: str) -> str | None:
-    """Compare the first and last evaluations: `before_after.png` (both image grids, one
-    above the other) when outputs are images or episodes (the first held-out episode's strip),
-    else `before_after.md` (the reward per task and per gold answer, then every answer)."""
-    files = [path for _, path in eval_files(run_dir)]
-    if len(files) < 2:
+VIDEO_PAIRS_SHOWN = 16        # held-out clips in a video run's before_after.png (the first of the evaluation set)
+MIN_FRAME_SIDE = 48           # ... with each frame enlarged (nearest) to at least this many pixels
+
+
+def _video_strips(jsonl: str) -> list[tuple[dict, list]] | None:
+    """Each row of an evaluation whose outputs are all videos (GIFs) with its frame strip [frames], cut from the
+    evaluation's `_grid.png` (lossless; one row per clip, the frames `write_samples` chose); None otherwise."""
+    rows, stem = read_jsonl(jsonl), os.path.splitext(jsonl)[0]
+    if not rows or not all(str(r.get("output", "")).endswith(".gif") for r in rows) \
+            or not os.path.isfile(stem + "_grid.png"):
         return None
-    first, last = files[0], files[-1]
+    from PIL import Image
+
+    with Image.open(os.path.join(os.path.dirname(jsonl), rows[0]["output"])) as gif:
+        w, h = gif.size                                           # the grid's cell: the first clip's frame size
+    grid = Image.open(stem + "_grid.png").convert("RGB")
+    if grid.height != h * len(rows):
+        return None
+    return [(r, [grid.crop((k * w, i * h, (k + 1) * w, (i + 1) * h)) for k in range(grid.width // w)])
+            for i, r in enumerate(rows)]
+
+
+def _video_before_after(first: tuple[int, str], last: tuple[int, str], path: str) -> bool:
+    """Write `path`: the first VIDEO_PAIRS_SHOWN held-out clips, one row each: the prompt with the reward before
+    and after, then the clip's frame strip at the first evaluation beside the one at the last, frames enlarged
+    and apart. False (nothing written) unless both evaluations' outputs are videos."""
+    a, b = _video_strips(first[1]), _video_strips(last[1])
+    if a is None or b is None:
+        return False
+    from PIL import Image, ImageDraw
+
+    pairs = list(zip(a, b))[:VIDEO_PAIRS_SHOWN]
+    w, h = pairs[0][0][1][0].size
+    scale = max(1, -(-MIN_FRAME_SIDE // min(w, h)))
+    fw, fh, gap, pad, text_h, head_h = w * scale, h * scale, 3, 8, 14, 22
+    n = max(len(strip) for pair in pairs for _, strip in pair)
+    strip_w = n * fw + (n + 1) * gap
+    width, row_h = 2 * strip_w + 3 * pad, text_h + fh + 2 * gap + pad
+    out = Image.new("RGB", (width, head_h + len(pairs) * row_h), "white")
+    draw = ImageDraw.Draw(out)
+    for col, (step, _) in enumerate((first, last)):
+        draw.text((pad + col * (strip_w + pad), 2), f"{'before' if col == 0 else 'after'} (step {step})", fill="black")
+    chars = max(8, (width - 2 * pad) // 6)                        # the default font is about 6 pixels a character
+    for i, ((ra, sa), (rb, sb)) in enumerate(pairs):
+        y = head_h + i * row_h
+        caption = f"{ra.get('prompt', '')} (reward {_reward_text(ra)} -> {_reward_text(rb)})"
+        draw.text((pad, y), caption[:chars], fill="black")
+        for col, strip in enumerate((sa, sb)):
+            x0 = pad + col * (strip_w + pad)
+            draw.rectangle([x0, y + text_h, x0 + strip_w - 1, y + text_h + fh + 2 * gap - 1], fill=(150, 150, 150))
+            for k, frame in enumerate(strip):
+                out.paste(frame.resize((fw, fh), Image.NEAREST), (x0 + gap + k * (fw + gap), y + text_h + gap))
+    out.save(path)
+    return True
+
+
+def _reward_text(row: dict) -> str:
+    value = _reward(row)
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def before_after(run_dir: str) -> str | None:
+    """Compare the first and last evaluations: `before_after.png` when outputs are videos (each of the first
+    VIDEO_PAIRS_SHOWN clips' frame strips side by side, with its prompt), images (both image grids, one above the
+    other) or episodes (the first held-out episode's strip), else `before_after.md` (the reward per task and per
+    gold answer, then every answer)."""
+    evals = eval_files(run_dir)
+    if len(evals) < 2:
+        return None
+    (first, last), path = (evals[0][1], evals[-1][1]), os.path.join(run_dir, "before_after.png")
+    if _video_before_after(evals[0], evals[-1], path):
+        return path
     for suffix in ("_grid.png", "_episode.png"):                  # generated images, or an agent's episode strips
         grids = [os.path.splitext(p)[0] + suffix for p in (first, last)]
         if all(os.path.isfile(g) for g in grids):
@@ -197,7 +261,6 @@ def before_after(run_dir: str) -> str | None:
         out.paste(a, (0, pad))
         draw.text((2, a.height + pad), f"after ({os.path.basename(last)[5:-6]})", fill="black")
         out.paste(b, (0, a.height + 2 * pad))
-        path = os.path.join(run_dir, "before_after.png")
         out.save(path)
         return path
     rows_a, rows_b = read_jsonl(first), read_jsonl(last)
