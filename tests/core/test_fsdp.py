@@ -1,6 +1,6 @@
 """FSDP2 (`distributed.strategy: fsdp`, mmrl/distributed/sharding.py) on CPU over gloo: a 2-process sharded run of the tiny
 VLM and SD3 configs, LoRA and full fine-tuning, and of the tiny Wan (video) with LoRA, samples what a 1-process unsharded run samples, and its losses,
-gradient norms and trained weights after 3 steps agree within 1e-5; full fine-tuning keeps at most 0.6x the
+gradient norms and trained weights after 3 steps (the Wan: its first step, STEPS) agree within 1e-5; full fine-tuning keeps at most 0.6x the
 parameter and optimizer bytes per process. A SIGKILLed sharded run resumes like an unbroken one, and its
 2-process checkpoint resumes in 1 process and exports (`mmrl export`)."""
 
@@ -30,6 +30,12 @@ CASES = {  # config, overrides: every step has rewards that differ within groups
     "sd3_full": ("sd3_tiny.yaml", ["policy.lora.rank=0", "optim.lr=1e-4"]),   # kl_beta 0.04: a sharded frozen copy
     "wan_lora": ("wan_tiny.yaml", []),                                          # video: the clips' GIFs compared
 }
+# Steps compared (3 unless named). The sharded run's weights after an update agree with the single process's within
+# 1e-5, not bit for bit (the reduction sums in another order), so its next samples can differ in a pixel's last
+# step; the tiny Wan's reward, a JPEG size, is not smooth in the pixels and jumps with it (on an Intel Xeon with
+# AVX-512: the step-3 reward by 2.8e-5, the grad norm by 1.2e-5, the weights after it by 6e-4, where other CPUs
+# agreed). Its first update, from the same weights and the same clips, is what FSDP must match.
+STEPS = {"wan_lora": 1}
 
 
 @pytest.fixture
@@ -44,10 +50,11 @@ def launcher(free_port):
     return command
 
 
-def _train(launcher, config: str, out, processes: int, *overrides: str, fsdp: bool = True, env: dict = ENV):
-    """The command and environment of a 3-step run of a tiny config in `processes` processes."""
+def _train(launcher, config: str, out, processes: int, *overrides: str, fsdp: bool = True, env: dict = ENV,
+           steps: int = 3):
+    """The command and environment of a `steps`-step run of a tiny config in `processes` processes."""
     cmd = [*launcher(processes), "-m", "mmrl", "train", os.path.join(REPO, "configs", "tiny", config),
-           f"output_dir={out}", "max_steps=3", "eval.every=0", "checkpoint.every=0", "logging.save_samples_every=1",
+           f"output_dir={out}", f"max_steps={steps}", "eval.every=0", "checkpoint.every=0", "logging.save_samples_every=1",
            "logging.progress=false", *(["distributed.strategy=fsdp"] if fsdp else []), *overrides]
     return cmd, env
 
@@ -89,8 +96,10 @@ def test_two_sharded_processes_train_like_one(tmp_path, case, kernels, launcher,
     reference = (config, tuple(o for o in overrides if not o.startswith("distributed.")), kernels)
     ran = references.get(reference)
     one, two = ran[0] if ran else tmp_path / "one", tmp_path / "two"
-    run_side_by_side(([] if ran else [_train(launcher, config, one, 1, *reference[1], fsdp=False, env=env)])
-                     + [_train(launcher, config, two, 2, *overrides, env=env)])
+    steps = STEPS.get(case, 3)
+    run_side_by_side(([] if ran else [_train(launcher, config, one, 1, *reference[1], fsdp=False, env=env,
+                                             steps=steps)])
+                     + [_train(launcher, config, two, 2, *overrides, env=env, steps=steps)])
     # step 1: rank 0 sampled its prompts (the first half) exactly as the single process did, scored the same
     for sid, row in _samples(two).items():
         ref = _samples(one)[sid]
@@ -100,7 +109,7 @@ def test_two_sharded_processes_train_like_one(tmp_path, case, kernels, launcher,
             assert ref["output"] == row["output"], sid
         assert ref["scores"] == row["scores"], sid
     a, b = read_metrics(one), read_metrics(two)
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, steps + 1))
     assert any(r["grad_norm"] > 1e-4 for r in a)                       # the comparison is not of zeros
     for ra, rb in zip(a, b):
         assert rb["reward/mean"] == pytest.approx(ra["reward/mean"], abs=1e-6)
